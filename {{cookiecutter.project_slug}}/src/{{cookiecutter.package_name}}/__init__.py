@@ -1,0 +1,1 @@
+"""Fine-tune a Hugging Face sequence classifier with PyTorch DistributedDataParallel."""

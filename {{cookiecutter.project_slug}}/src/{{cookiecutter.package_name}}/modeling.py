@@ -1,0 +1,66 @@
+"""Tokenizer and model loading from the Hub or a local save_pretrained folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from .config import ConfigError, ModelArguments
+
+
+def _not_found(name: str, err: Exception) -> ConfigError:
+    hint = "Offline? Use a local folder made with save_pretrained."
+    if not Path(name).exists() and name.startswith("smoke_assets"):
+        hint = f"Create the smoke assets first: python -m {__package__}.smoke"
+    return ConfigError(f"--model_name_or_path {name!r} could not be loaded ({type(err).__name__}). {hint}")
+
+
+def load_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
+    name = model_args.tokenizer_name or model_args.model_name_or_path
+    try:
+        return AutoTokenizer.from_pretrained(
+            name,
+            cache_dir=model_args.cache_dir,
+            revision=model_args.revision,
+            trust_remote_code=model_args.trust_remote_code,
+        )
+    except (OSError, ValueError) as err:
+        raise _not_found(name, err) from None
+
+
+def load_model(model_args: ModelArguments, names: list[str]) -> PreTrainedModel:
+    """Load a sequence classifier with one output per class and the label names in its config."""
+    name = model_args.model_name_or_path
+    try:
+        config = AutoConfig.from_pretrained(
+            name,
+            num_labels=len(names),
+            id2label=dict(enumerate(names)),
+            label2id={label: i for i, label in enumerate(names)},
+            cache_dir=model_args.cache_dir,
+            revision=model_args.revision,
+            trust_remote_code=model_args.trust_remote_code,
+        )
+        model = AutoModelForSequenceClassification.from_pretrained(
+            name,
+            config=config,
+            cache_dir=model_args.cache_dir,
+            revision=model_args.revision,
+            trust_remote_code=model_args.trust_remote_code,
+            # A checkpoint fine-tuned on other classes gets a fresh head of the right size.
+            ignore_mismatched_sizes=True,
+        )
+    except (OSError, ValueError) as err:
+        raise _not_found(name, err) from None
+    # Classification heads take **kwargs but ignore num_items_in_batch and return a per-batch
+    # mean. If the Trainer believed otherwise it would multiply the loss (and the gradients) by
+    # the world size and skip dividing by the accumulation steps.
+    model.accepts_loss_kwargs = False
+    return model
