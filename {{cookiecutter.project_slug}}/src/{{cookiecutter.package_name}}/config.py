@@ -122,6 +122,12 @@ class TrainingArguments(transformers.TrainingArguments):
         self.ddp_backend = settings.ddp_backend
         self.fp16 = settings.precision == "fp16"
         self.bf16 = settings.precision == "bf16"
+        if self.train_sampling_strategy == "group_by_length" and self.accelerator_config is None:
+            # The length-grouped sampler shuffles with the global torch RNG, which drifts apart
+            # between ranks after the first epoch (dropout draws per element), so the ranks' shards
+            # would overlap. Without the seedable sampler, accelerate gives the sampler a generator
+            # and broadcasts its state from rank 0 at the start of every epoch.
+            self.accelerator_config = {"use_seedable_sampler": False}
         super().__post_init__()
 
 

@@ -32,7 +32,7 @@ def synthetic_examples(count: int, seed: int) -> list[dict[str, str]]:
         length = min(120, max(6, int(rng.lognormvariate(3.0, 0.7))))
         words = [rng.choice(NEUTRAL) for _ in range(length)]
         own, other = (POSITIVE, NEGATIVE) if label else (NEGATIVE, POSITIVE)
-        strong = max(2, length // 8)
+        strong = max(2, length // 3)
         for _ in range(strong):
             words[rng.randrange(length)] = rng.choice(own)
         for _ in range(rng.randrange(strong // 2 + 1)):
@@ -52,10 +52,10 @@ def build_model(vocab_size: int, seed: int) -> BertForSequenceClassification:
     torch.manual_seed(seed)
     config = BertConfig(
         vocab_size=vocab_size,
-        hidden_size=32,
+        hidden_size=64,
         num_hidden_layers=2,
         num_attention_heads=2,
-        intermediate_size=64,
+        intermediate_size=128,
         max_position_embeddings=128,
         num_labels=len(LABELS),
     )

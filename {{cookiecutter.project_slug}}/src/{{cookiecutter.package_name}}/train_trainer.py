@@ -8,6 +8,7 @@ evaluate once over exactly the eval set; write metrics.json.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from functools import partial
 
@@ -46,7 +47,8 @@ def setup_logging(training_args: TrainingArguments) -> None:
         handlers=[logging.StreamHandler(sys.stdout)],
     )
     log_level = training_args.get_process_log_level()
-    logger.setLevel(log_level)
+    # "passive" leaves the libraries at warning; this script's own progress lines still show on rank 0.
+    logger.setLevel(logging.INFO if training_args.should_log and training_args.log_level == "passive" else log_level)
     transformers.utils.logging.set_verbosity(log_level)
     datasets.utils.logging.set_verbosity(log_level)
     if not training_args.should_log:
@@ -58,7 +60,12 @@ def compute_metrics(prediction: EvalPrediction, num_labels: int) -> dict[str, fl
     return classification_metrics(np.argmax(logits, axis=-1), prediction.label_ids, num_labels)
 
 
-def build_trainer(model_args: ModelArguments, data_args: DataArguments, training_args: TrainingArguments) -> Trainer:
+def build_trainer(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: TrainingArguments,
+    callbacks: list[TrainerCallback] | None = None,
+) -> Trainer:
     raw = load_raw_datasets(data_args, model_args.cache_dir, seed=training_args.seed)
     names = label_names(raw, data_args.label_column)
     tokenizer = load_tokenizer(model_args)
@@ -74,13 +81,15 @@ def build_trainer(model_args: ModelArguments, data_args: DataArguments, training
         processing_class=tokenizer,
         data_collator=build_collator(tokenizer, mixed_precision=training_args.fp16 or training_args.bf16),
         compute_metrics=partial(compute_metrics, num_labels=len(names)),
-        callbacks=[GradientSyncCheck()],
+        callbacks=[GradientSyncCheck(), *(callbacks or [])],
     )
 
 
 def find_resume_checkpoint(training_args: TrainingArguments) -> str | None:
     """--resume_from_checkpoint if given, else the newest checkpoint-N in output_dir, else None."""
     if training_args.resume_from_checkpoint is not None:
+        if not os.path.isdir(training_args.resume_from_checkpoint):
+            raise ConfigError(f"--resume_from_checkpoint {training_args.resume_from_checkpoint!r} is not a folder")
         return training_args.resume_from_checkpoint
     try:
         return get_last_checkpoint(training_args.output_dir)
@@ -88,7 +97,7 @@ def find_resume_checkpoint(training_args: TrainingArguments) -> str | None:
         return None
 
 
-def run(model_args: ModelArguments, data_args: DataArguments, training_args: TrainingArguments) -> Trainer:
+def prepare_run(training_args: TrainingArguments) -> None:
     setup_logging(training_args)
     check_really_distributed(training_args.world_size)
     logger.info(
@@ -99,8 +108,9 @@ def run(model_args: ModelArguments, data_args: DataArguments, training_args: Tra
         "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "fp32",
     )
     set_seed(training_args.seed)
-    trainer = build_trainer(model_args, data_args, training_args)
 
+
+def train_and_evaluate(trainer: Trainer, training_args: TrainingArguments) -> dict[str, float]:
     checkpoint = find_resume_checkpoint(training_args)
     if checkpoint is not None:
         logger.info("Resuming from checkpoint %s", checkpoint)
@@ -115,6 +125,13 @@ def run(model_args: ModelArguments, data_args: DataArguments, training_args: Tra
     if trainer.is_world_process_zero():
         path = write_metrics(training_args.output_dir, metrics)
         logger.info("metrics written to %s: %s", path, metrics)
+    return metrics
+
+
+def run(model_args: ModelArguments, data_args: DataArguments, training_args: TrainingArguments) -> Trainer:
+    prepare_run(training_args)
+    trainer = build_trainer(model_args, data_args, training_args)
+    train_and_evaluate(trainer, training_args)
     return trainer
 
 

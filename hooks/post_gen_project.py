@@ -1,0 +1,200 @@
+"""Finish the rendered project: keep the chosen files, set run bits, record the answers.
+
+Cookiecutter renders this file with Jinja and runs it inside the new project folder.
+The answers arrive as data: one JSON literal (``ANSWERS_JSON``), never pasted into code.
+
+Steps, in order:
+
+1. Keep the chosen training loop as ``src/<package>/train.py`` and its DDP probe as
+   ``tests/ddp_probe.py``; delete the other loop, the other probe, the native-loop
+   tests for the Trainer loop, and the sbatch script when include_slurm is false.
+   A file this step expects but cannot find is a template bug: refused.
+2. Make ``scripts/*.sh`` and ``scripts/*.sbatch`` executable.
+3. Refuse the project if any text file still holds unrendered template text: a
+   double-brace expression or a block tag that names ``cookiecutter``. Answers may
+   legitimately contain such text, so their rendered forms are masked first.
+4. Write ``.cookiecutter.json``, ``{"cookiecutter": <answers>}``, which
+   ``cookiecutter --replay-file .cookiecutter.json <template>`` accepts and which
+   re-renders the same files. Cookiecutter's own keys (``_output_dir``, ``_repo_dir``,
+   ``_checkout``, ``_extensions``...) are left out: the first three hold local
+   paths, and the rest come back from the template's cookiecutter.json on replay.
+   ``_template`` is kept only when it is a remote URL, without credentials.
+
+A refusal prints one line, ``ERROR: template: <what is wrong>; <what to do>``, and
+exits 1; cookiecutter then deletes the project folder if it created it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+
+# tojson writes ' as \u0027, so no answer can close this literal.
+ANSWERS_JSON = r'''{{ cookiecutter | tojson }}'''  # fmt: skip
+
+REPLAY_FILE = ".cookiecutter.json"
+TRAINING_LOOPS = ("trainer", "native")
+EXECUTABLE_PATTERNS = ("scripts/*.sh", "scripts/*.sbatch")
+# Written so that this file holds no Jinja delimiters besides ANSWERS_JSON.
+UNRENDERED_RE = re.compile(r"\{\{-?\s*cookiecutter\b|\{[%]-?[^%]*?\bcookiecutter\.")
+# Cookiecutter's abbreviations for hosted templates (gh:org/repo, ...).
+ABBREVIATION_RE = re.compile(r"(gh|gl|bb):[\w./-]+")
+# scp-like git address: git@github.com:org/repo.git
+SCP_ADDRESS_RE = re.compile(r"[\w.-]+@[\w.-]+:[\w./~-]+")
+# Also behind a VCS prefix: git+https, hg+ssh, ...
+REMOTE_SCHEMES = ("git", "ssh", "http", "https")
+
+
+class TemplateBug(Exception):
+    """The rendered files are not what this hook was written for."""
+
+
+def chosen_file_moves(
+    package_name: str, training_loop: str, include_slurm: bool
+) -> tuple[dict[str, str], list[str]]:
+    """Return ({source: destination} renames, [deletions]) as project-relative paths."""
+    other_loop = next(loop for loop in TRAINING_LOOPS if loop != training_loop)
+    package = f"src/{package_name}"
+    renames = {
+        f"{package}/train_{training_loop}.py": f"{package}/train.py",
+        f"tests/ddp_probe_{training_loop}.py": "tests/ddp_probe.py",
+    }
+    deletions = [f"{package}/train_{other_loop}.py", f"tests/ddp_probe_{other_loop}.py"]
+    if training_loop == "trainer":
+        deletions.append("tests/test_native_loop.py")
+    if not include_slurm:
+        deletions.append("scripts/train_slurm.sbatch")
+    return renames, deletions
+
+
+def keep_chosen_files(project: Path, answers: Mapping[str, object]) -> None:
+    renames, deletions = chosen_file_moves(
+        str(answers["package_name"]),
+        str(answers["training_loop"]),
+        bool(answers["include_slurm"]),
+    )
+    missing = [
+        path for path in [*renames, *deletions] if not (project / path).is_file()
+    ]
+    if missing:
+        raise TemplateBug(
+            f"missing {', '.join(missing)}; the template must ship both training loops,"
+            " both DDP probes, tests/test_native_loop.py and scripts/train_slurm.sbatch"
+        )
+    for source, destination in renames.items():
+        os.replace(project / source, project / destination)
+    for path in deletions:
+        (project / path).unlink()
+
+
+def set_run_bits(project: Path) -> None:
+    for pattern in EXECUTABLE_PATTERNS:
+        for script in project.glob(pattern):
+            mode = script.stat().st_mode
+            script.chmod(mode | (mode & 0o444) >> 2)  # x wherever r is set
+
+
+def rendered_forms(value: str) -> set[str]:
+    """The ways the templates may write an answer: as is, or through tojson."""
+    escaped = json.dumps(value)[1:-1]
+    html_safe = escaped
+    for char, code in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("'", "\\u0027"),
+    ):
+        html_safe = html_safe.replace(char, code)
+    return {value, escaped, html_safe, json.dumps(value, ensure_ascii=False)[1:-1]}
+
+
+def find_unrendered(project: Path, answers: Mapping[str, object]) -> list[str]:
+    """Project-relative paths of text files that still hold template syntax."""
+    masks = set()
+    for value in answers.values():
+        if isinstance(value, str) and UNRENDERED_RE.search(value):
+            masks |= rendered_forms(value)
+    ordered_masks = sorted(masks, key=len, reverse=True)
+    found = []
+    for path in sorted(project.rglob("*")):
+        if not path.is_file() or path.is_symlink():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue  # binary files are copied, not rendered
+        for mask in ordered_masks:
+            text = text.replace(mask, "")
+        if UNRENDERED_RE.search(text):
+            found.append(path.relative_to(project).as_posix())
+    return found
+
+
+def remote_template(template: object) -> str | None:
+    """The template address without credentials, or None for a local path."""
+    if not isinstance(template, str):
+        return None
+    if ABBREVIATION_RE.fullmatch(template) or SCP_ADDRESS_RE.fullmatch(template):
+        return template
+    try:
+        parts = urllib.parse.urlsplit(template)
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme.rpartition("+")[2] not in REMOTE_SCHEMES or not parts.hostname:
+        return None
+    user = f"{parts.username}@" if parts.username and not parts.password else ""
+    host = parts.hostname + (f":{port}" if port else "")
+    return urllib.parse.urlunsplit((parts.scheme, user + host, parts.path, "", ""))
+
+
+def replay_context(answers: Mapping[str, object]) -> dict[str, dict[str, object]]:
+    """What --replay-file needs: the answers, and the template URL if it is remote."""
+    recorded = {key: value for key, value in answers.items() if not key.startswith("_")}
+    template = remote_template(answers.get("_template"))
+    if template is not None:
+        recorded["_template"] = template
+    return {"cookiecutter": recorded}
+
+
+def write_replay_file(project: Path, answers: Mapping[str, object]) -> None:
+    text = json.dumps(
+        replay_context(answers), indent=2, sort_keys=True, ensure_ascii=False
+    )
+    (project / REPLAY_FILE).write_text(text + "\n", encoding="utf-8")
+
+
+def load_answers() -> dict[str, object]:
+    return json.loads(ANSWERS_JSON)
+
+
+def finish_project(project: Path, answers: Mapping[str, object]) -> None:
+    keep_chosen_files(project, answers)
+    set_run_bits(project)
+    unrendered = find_unrendered(project, answers)
+    if unrendered:
+        raise TemplateBug(
+            f"unrendered Jinja in {', '.join(unrendered[:3])}"
+            + (f" and {len(unrendered) - 3} more" if len(unrendered) > 3 else "")
+            + "; wrap literal Jinja in a raw block or list the file in"
+            " _copy_without_render"
+        )
+    write_replay_file(project, answers)
+
+
+def main() -> int:
+    try:
+        finish_project(Path.cwd(), load_answers())
+    except TemplateBug as bug:
+        print(f"ERROR: template: {bug}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

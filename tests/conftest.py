@@ -1,0 +1,85 @@
+"""Shared fixtures: where the template is, its default answers, and a real render."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from cookiecutter.generate import generate_context
+from cookiecutter.main import cookiecutter
+from cookiecutter.prompt import prompt_for_config
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent
+
+Render = Callable[..., Path]
+
+
+@pytest.fixture(scope="session")
+def template_dir() -> Path:
+    return TEMPLATE_DIR
+
+
+@pytest.fixture(scope="session")
+def default_answers() -> dict[str, object]:
+    """The answers `cookiecutter --no-input` gives, without cookiecutter's own _keys."""
+    context = generate_context(context_file=str(TEMPLATE_DIR / "cookiecutter.json"))
+    answers = prompt_for_config(context, no_input=True)
+    return {key: value for key, value in answers.items() if not key.startswith("_")}
+
+
+@pytest.fixture(scope="session")
+def cookiecutter_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A user config that keeps cookiecutter's replay files out of $HOME."""
+    user_dir = tmp_path_factory.mktemp("cookiecutter_user")
+    config_file = user_dir / "config.yaml"
+    config_file.write_text(
+        f"cookiecutters_dir: {json.dumps(str(user_dir / 'cookiecutters'))}\n"
+        f"replay_dir: {json.dumps(str(user_dir / 'replay'))}\n",
+        encoding="utf-8",
+    )
+    return config_file
+
+
+@pytest.fixture(scope="session")
+def render(
+    tmp_path_factory: pytest.TempPathFactory,
+    cookiecutter_config: Path,
+    default_answers: dict,
+) -> Render:
+    """Render the real template with cookiecutter's API; return the project folder.
+
+    ``render(output_dir, answers)`` passes answers as extra context, like
+    ``key=value`` on the command line (cookiecutter renders them as Jinja first).
+    ``render(output_dir, answers, replay=True)`` passes them in a replay file on top
+    of the defaults, verbatim, like answers typed at the prompts;
+    ``render(output_dir, replay_file=path)`` uses an existing replay file.
+    """
+
+    def render_template(
+        output_dir: Path,
+        answers: dict[str, object] | None = None,
+        *,
+        replay: bool = False,
+        replay_file: Path | None = None,
+        template: Path = TEMPLATE_DIR,
+        overwrite_if_exists: bool = False,
+    ) -> Path:
+        options: dict[str, object] = {"no_input": True, "extra_context": answers}
+        if replay:
+            replay_file = tmp_path_factory.mktemp("replay") / "answers.json"
+            context = {"cookiecutter": {**default_answers, **(answers or {})}}
+            replay_file.write_text(json.dumps(context), encoding="utf-8")
+        if replay_file is not None:
+            options = {"replay": str(replay_file)}
+        project = cookiecutter(
+            str(template),
+            output_dir=str(output_dir),
+            config_file=str(cookiecutter_config),
+            overwrite_if_exists=overwrite_if_exists,
+            **options,
+        )
+        return Path(project)
+
+    return render_template

@@ -1,0 +1,814 @@
+"""The hooks: each validator on its own, then refusals and finishing in real renders."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from cookiecutter.environment import StrictEnvironment
+from cookiecutter.exceptions import FailedHookException
+from cookiecutter.utils import create_env_with_context
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent
+HOOKS_DIR = TEMPLATE_DIR / "hooks"
+PROJECT_TEMPLATE = TEMPLATE_DIR / "{{cookiecutter.project_slug}}"
+PACKAGE_TEMPLATE = PROJECT_TEMPLATE / "src" / "{{cookiecutter.package_name}}"
+ANSWERS_LITERAL = "{{ cookiecutter | tojson }}"
+
+
+def load_hook(name: str, path: Path | None = None) -> ModuleType:
+    """Import a hook file as a plain module; its Jinja literal stays unrendered."""
+    spec = importlib.util.spec_from_file_location(
+        name, path or HOOKS_DIR / f"{name}.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+pre_gen = load_hook("pre_gen_project")
+post_gen = load_hook("post_gen_project")
+
+
+def cookiecutter_json() -> dict:
+    return json.loads((TEMPLATE_DIR / "cookiecutter.json").read_text(encoding="utf-8"))
+
+
+def case_id(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 30 else text[:27] + "..."
+
+
+def cases(table: dict[str, list]) -> list:
+    """Flatten {variable: [value or (value, fragment)]} into pytest params with ids."""
+    params = []
+    for variable, values in table.items():
+        for entry in values:
+            args = entry if isinstance(entry, tuple) else (entry,)
+            params.append(
+                pytest.param(variable, *args, id=f"{variable}={case_id(args[0])}")
+            )
+    return params
+
+
+# --- Validators, called directly ----------------------------------------------------
+
+# Dependencies of the rendered project, test folders, and a few standard-library names.
+# fmt: off
+SHADOWING_NAMES = [
+    "torch", "transformers", "datasets", "accelerate", "tokenizers", "test", "tests",
+    "numpy", "yaml", "json", "logging", "typing", "code",
+]
+# fmt: on
+
+GOOD_ANSWERS = {
+    "project_name": [
+        "Text Classifier",
+        "x",
+        "Ünïcødé 日本語 👩‍💻",
+        'He said "hi" & it\'s $(rm -rf ~) `id` {{ 7*7 }} {% raw %} \\',
+    ],
+    "project_slug": ["text-classifier", "a", "bert2-imdb"],
+    "package_name": ["text_classifier", "_private", "bert2", "match"],
+    "description": ["", "Quotes ' \" and a \\ backslash", "100% {0} %s"],
+    "training_loop": ["trainer", "native"],
+    "model_name_or_path": [
+        "bert-base-uncased",
+        "distilbert/distilbert-base-uncased",
+        "./models/x",
+        "/abs/models/x",
+        "models/v1.0",
+    ],
+    "dataset_name": ["imdb", "stanfordnlp/sst2", "./data/reviews"],
+    "text_column": ["text", "sentence1", "_t", "Review"],
+    "label_column": ["label", "Label", "y"],
+    "nproc_per_node": ["auto", "1", "8", "1024", 8],
+    "nnodes": ["1", "2", "512", 4],
+    "master_port": ["1024", "29500", "65535"],
+    "mixed_precision": ["auto", "bf16", "fp16", "no"],
+    "include_slurm": [True, False],
+}
+
+BAD_ANSWERS = {
+    "project_name": [
+        ("", "is empty"),
+        ("   ", "is empty"),
+        ("two\nlines", "'\\n'"),
+        ("carriage\rreturn", "'\\r'"),
+        ("tab\there", "'\\t'"),
+        ("\x1b[31mred", "control character"),
+        ("line\u2028separator", "line break"),
+        ("\ud800", "control character"),
+        (3, "is not text"),
+        (None, "is not text"),
+    ],
+    "project_slug": [
+        ("", "is empty"),
+        ("My Project", "contains 'M'"),
+        ("text classifier", "contains whitespace"),
+        ("a/b", "path separator"),
+        ("a\\b", "path separator"),
+        ("../escape", "path separator"),
+        ("/abs/path", "path separator"),
+        ("..", "contains '..'"),
+        ("a..b", "contains '..'"),
+        ("3d-model", "starts with a digit"),
+        ("-lead", "'-'"),
+        ("trail-", "'-'"),
+        ("dou--ble", "'-'"),
+        ("under_score", "contains '_'"),
+        ("dotted.name", "contains '.'"),
+        ("x$(id)", "contains '$'"),
+        ("ünï", "contains 'ü'"),
+        (7, "is not text"),
+    ],
+    "package_name": [
+        ("", "is empty"),
+        ("3d", "starts with a digit"),
+        ("my-pkg", "contains '-'"),
+        ("MyPkg", "contains 'M'"),
+        ("pkg name", "contains whitespace"),
+        ("a.b", "contains '.'"),
+        ("class", "keyword"),
+        ("import", "keyword"),
+        ("None", "contains 'N'"),
+        *[(name, "would shadow") for name in SHADOWING_NAMES],
+    ],
+    "description": [
+        ("two\nlines", "'\\n'"),
+        ("nul\x00byte", "'\\x00'"),
+        (42, "is not text"),
+    ],
+    "training_loop": [
+        ("keras", "is not a choice"),
+        ("", "is not a choice"),
+        ("Trainer", "is not a choice"),
+        (None, "is not a choice"),
+    ],
+    "model_name_or_path": [
+        ("", "is empty"),
+        ("bert base", "contains whitespace"),
+        (" bert", "contains whitespace"),
+        ("a\nb", "contains whitespace"),
+        ("$(touch x)", "contains '$'"),
+        ("`id`", "contains '`'"),
+        ("a;b", "contains ';'"),
+        ("a|b", "contains '|'"),
+        ("a&b", "contains '&'"),
+        ("~/models", "contains '~'"),
+        ("C:\\models", "contains ':'"),
+        ("name@rev", "contains '@'"),
+        ("..", "'..' path component"),
+        ("../models", "'..' path component"),
+        ("models/../../etc", "'..' path component"),
+        ("-rf", "starts with '-'"),
+        ("--help", "starts with '-'"),
+    ],
+    "dataset_name": [
+        ("", "is empty"),
+        ("imdb;rm", "contains ';'"),
+        ("../data", "'..' path component"),
+        ("my data", "contains whitespace"),
+    ],
+    "text_column": [
+        ("", "is empty"),
+        ("my text", "contains whitespace"),
+        ("1st", "starts with a digit"),
+        ("review-text", "contains '-'"),
+        ("col.name", "contains '.'"),
+        ("$x", "contains '$'"),
+        ("ü", "contains 'ü'"),
+    ],
+    "label_column": [("", "is empty"), ("la bel", "contains whitespace")],
+    "nproc_per_node": [
+        ("0", "below 1"),
+        ("1025", "above 1024"),
+        ("-1", "not a whole number"),
+        ("two", "not a whole number"),
+        ("gpu", "'auto'"),
+        ("1.5", "not a whole number"),
+        ("", "not a whole number"),
+        (" 2", "not a whole number"),
+        ("08", "leading zero"),
+        (True, "not a whole number"),
+        (None, "not a whole number"),
+    ],
+    "nnodes": [
+        ("0", "below 1"),
+        ("-2", "not a whole number"),
+        ("abc", "not a whole number"),
+        ("", "not a whole number"),
+        ("1.0", "not a whole number"),
+        ("01", "leading zero"),
+        ("9" * 5000, "not a whole number"),
+        (False, "not a whole number"),
+    ],
+    "master_port": [
+        ("1023", "below 1024"),
+        ("65536", "above 65535"),
+        ("0", "below 1024"),
+        (80, "below 1024"),
+        ("http", "not a whole number"),
+        ("29500 ", "not a whole number"),
+        ("", "not a whole number"),
+    ],
+    "mixed_precision": [
+        ("fp8", "is not a choice"),
+        ("FP16", "is not a choice"),
+        ("", "is not a choice"),
+    ],
+    "include_slurm": [
+        ("no", "not a boolean"),
+        ("yes", "not a boolean"),
+        ("true", "not a boolean"),
+        (1, "not a boolean"),
+        (None, "not a boolean"),
+    ],
+}
+
+
+def test_there_is_one_validator_per_variable_in_cookiecutter_json_order():
+    variables = [key for key in cookiecutter_json() if not key.startswith("_")]
+    assert list(pre_gen.VALIDATORS) == variables
+    assert set(GOOD_ANSWERS) == set(BAD_ANSWERS) == set(variables)
+
+
+def test_validator_choices_are_the_choices_in_cookiecutter_json():
+    config = cookiecutter_json()
+    assert list(pre_gen.TRAINING_LOOPS) == config["training_loop"]
+    assert list(pre_gen.MIXED_PRECISIONS) == config["mixed_precision"]
+    assert list(post_gen.TRAINING_LOOPS) == config["training_loop"]
+
+
+def test_default_answers_pass_every_check(default_answers):
+    assert pre_gen.find_first_problem(default_answers) is None
+
+
+@pytest.mark.parametrize(("variable", "value"), cases(GOOD_ANSWERS))
+def test_validator_accepts(variable, value):
+    assert pre_gen.VALIDATORS[variable](value) is None
+
+
+@pytest.mark.parametrize(("variable", "value", "fragment"), cases(BAD_ANSWERS))
+def test_validator_refuses_with_a_one_line_reason_and_what_is_accepted(
+    variable, value, fragment
+):
+    message = pre_gen.VALIDATORS[variable](value)
+    assert message is not None
+    assert fragment in message
+    wrong, _, accepted = message.partition("; ")
+    assert wrong and accepted, message
+    line = f"ERROR: {variable}: {message}"
+    assert line.isprintable() and len(line) <= 200, line
+
+
+def test_text_and_label_column_must_differ(default_answers):
+    answers = {**default_answers, "text_column": "review", "label_column": "review"}
+    variable, message = pre_gen.find_first_problem(answers)
+    assert variable == "label_column"
+    assert "same column as text_column ('review')" in message
+    assert pre_gen.check_combinations({**answers, "label_column": "stars"}) is None
+
+
+def test_project_name_starting_with_a_digit_is_refused_at_its_slug(default_answers):
+    answers = {
+        **default_answers,
+        "project_name": "3D Vision",
+        "project_slug": "3d-vision",
+        "package_name": "3d_vision",
+    }
+    variable, message = pre_gen.find_first_problem(answers)
+    assert variable == "project_slug"
+    assert "starts with a digit" in message
+
+
+def test_only_the_first_bad_variable_is_reported(default_answers):
+    answers = {**default_answers, "package_name": "class", "master_port": "80"}
+    assert pre_gen.find_first_problem(answers)[0] == "package_name"
+
+
+def test_main_prints_exactly_one_error_line_and_returns_1(
+    monkeypatch, capsys, default_answers
+):
+    bad = {**default_answers, "package_name": "torch", "nnodes": "0"}
+    monkeypatch.setattr(pre_gen, "ANSWERS_JSON", json.dumps(bad))
+    assert pre_gen.main([]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        "ERROR: package_name: 'torch' would shadow the module of the same name; "
+        + pre_gen.PACKAGE_ACCEPTED
+    ]
+
+
+def test_main_is_silent_for_good_answers(monkeypatch, capsys, default_answers):
+    monkeypatch.setattr(pre_gen, "ANSWERS_JSON", json.dumps(default_answers))
+    assert pre_gen.main([]) == 0
+    assert capsys.readouterr() == ("", "")
+
+
+# --- The hooks read answers as data -------------------------------------------------
+
+HOSTILE_TEXT = (
+    "'''\"\"\" \\ trailing \\\\ {{ 7*7 }} {% raw %} {# x </script> & \u2028"
+    " 👩‍💻 $(id) `id` \\"
+)
+
+
+@pytest.mark.parametrize("hook_name", ["pre_gen_project", "post_gen_project"])
+def test_hook_holds_one_jinja_expression_the_answers_literal(hook_name):
+    source = (HOOKS_DIR / f"{hook_name}.py").read_text(encoding="utf-8")
+    assert source.count(ANSWERS_LITERAL) == 1
+    rest = source.replace(ANSWERS_LITERAL, "")
+    assert not any(delimiter in rest for delimiter in ("{{", "{%", "{#"))
+
+
+@pytest.mark.parametrize("hook_name", ["pre_gen_project", "post_gen_project"])
+def test_rendered_hook_reads_any_answer_back_exactly(
+    hook_name, tmp_path, default_answers
+):
+    answers = {
+        **default_answers,
+        "project_name": HOSTILE_TEXT,
+        "description": HOSTILE_TEXT + "\n",
+        "_output_dir": "/tmp/out",
+    }
+    context = {"cookiecutter": answers}
+    source = (HOOKS_DIR / f"{hook_name}.py").read_text(encoding="utf-8")
+    # What cookiecutter.hooks.run_script_with_context does to a hook.
+    rendered = create_env_with_context(context).from_string(source).render(**context)
+    rendered_file = tmp_path / f"{hook_name}.py"
+    rendered_file.write_text(rendered, encoding="utf-8")
+    module = load_hook(f"rendered_{hook_name}", rendered_file)
+    assert module.load_answers() == answers
+
+
+# --- Refusals through real renders --------------------------------------------------
+
+# (answers given as key=value on the command line, variable the ERROR line names)
+BAD_RENDERS = {
+    "package-name-keyword": ({"package_name": "class"}, "package_name"),
+    "package-name-shadows-torch": ({"package_name": "torch"}, "package_name"),
+    "package-name-shadows-stdlib": ({"package_name": "json"}, "package_name"),
+    "project-name-newline": ({"project_name": "two\nlines"}, "project_name"),
+    "project-name-empty": (
+        {"project_name": "", "project_slug": "empty-name"},
+        "project_name",
+    ),
+    "project-name-digit-first": ({"project_name": "3D Vision"}, "project_slug"),
+    "slug-with-space": ({"project_slug": "My Project"}, "project_slug"),
+    "slug-nested": ({"project_slug": "nested/project"}, "project_slug"),
+    "slug-parent": ({"project_slug": "../escaped"}, "project_slug"),
+    "slug-parent-inside": ({"project_slug": "inner/../../escaped"}, "project_slug"),
+    "slug-absolute": ({"project_slug": "ABSOLUTE/deeper/project"}, "project_slug"),
+    "model-command": ({"model_name_or_path": "$(touch pwned)"}, "model_name_or_path"),
+    "model-parent-path": ({"model_name_or_path": "../models/x"}, "model_name_or_path"),
+    "dataset-space": ({"dataset_name": "my data"}, "dataset_name"),
+    "text-column-dash": ({"text_column": "review-text"}, "text_column"),
+    "same-columns": ({"label_column": "text"}, "label_column"),
+    "nproc-zero": ({"nproc_per_node": "0"}, "nproc_per_node"),
+    "nproc-too-many": ({"nproc_per_node": "4096"}, "nproc_per_node"),
+    "nnodes-word": ({"nnodes": "two"}, "nnodes"),
+    "port-1023": ({"master_port": "1023"}, "master_port"),
+    "port-65536": ({"master_port": "65536"}, "master_port"),
+}
+
+# Cookiecutter itself stops on these when given on the command line (ValueError, no
+# hook), so they can only reach the hook through a replay file.
+BAD_REPLAYS = {
+    "training-loop-unknown": ({"training_loop": "keras"}, "training_loop"),
+    "mixed-precision-unknown": ({"mixed_precision": "fp8"}, "mixed_precision"),
+    "include-slurm-string": ({"include_slurm": "no"}, "include_slurm"),
+    "nnodes-negative": ({"nnodes": "-1"}, "nnodes"),
+    "project-name-jinja-newline": ({"project_name": "{{ x }}\n"}, "project_name"),
+}
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("ERROR:")]
+
+
+def leftovers(
+    root: Path, timeout: float = 5.0, expected: frozenset = frozenset()
+) -> set[str]:
+    """Paths under root other than expected, once the hook's cleanup had time to run."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = {
+            path.relative_to(root).as_posix() for path in root.rglob("*")
+        } - expected
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def resolve_placeholders(answers: dict, root: Path) -> dict:
+    slug = answers.get("project_slug", "")
+    if slug.startswith("ABSOLUTE/"):
+        return {**answers, "project_slug": str(root / slug.removeprefix("ABSOLUTE/"))}
+    return answers
+
+
+@pytest.mark.parametrize(
+    "output_dir_existed", [True, False], ids=["out-existed", "out-new"]
+)
+@pytest.mark.parametrize(
+    ("answers", "variable", "replay"),
+    [pytest.param(*case, False, id=name) for name, case in BAD_RENDERS.items()]
+    + [
+        pytest.param(*case, True, id=f"replay-{name}")
+        for name, case in BAD_REPLAYS.items()
+    ],
+)
+def test_refused_answer_prints_one_error_line_and_leaves_nothing(
+    render, tmp_path, capfd, answers, variable, replay, output_dir_existed
+):
+    output_dir = tmp_path / "work" / "out"
+    if output_dir_existed:
+        output_dir.mkdir(parents=True)
+    answers = resolve_placeholders(answers, tmp_path)
+    slug = str(answers.get("project_slug", ""))
+    if "/" in slug and pre_gen.birth_time(tmp_path) is None:
+        pytest.skip(
+            "no creation times here: cookiecutter leaves the slug's empty parents"
+        )
+
+    with pytest.raises(FailedHookException):
+        render(output_dir, answers, replay=replay)
+
+    lines = error_lines(capfd.readouterr().err)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"ERROR: {variable}: ")
+    # Cookiecutter created work/out for the project folder when it was missing and
+    # leaves it, empty; everything the refused project made is gone.
+    assert leftovers(tmp_path, expected=frozenset({"work", "work/out"})) == set()
+
+
+def test_refusal_on_the_command_line_shows_the_error_line_first(
+    tmp_path, cookiecutter_config
+):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cookiecutter",
+            "--no-input",
+            "--config-file",
+            str(cookiecutter_config),
+            str(TEMPLATE_DIR),
+            "package_name=class",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    # Cookiecutter then logs its own "ERROR: Stopping generation ..." and a traceback.
+    assert lines[0] == (
+        "ERROR: package_name: 'class' is a Python keyword; " + pre_gen.PACKAGE_ACCEPTED
+    )
+    assert sum(line.startswith("ERROR: package_name:") for line in lines) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_refusal_with_overwrite_keeps_the_existing_folder_untouched(
+    render, tmp_path, capfd
+):
+    existing = tmp_path / "text-classifier"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("mine\n", encoding="utf-8")
+
+    with pytest.raises(FailedHookException):
+        render(tmp_path, {"package_name": "class"}, overwrite_if_exists=True)
+
+    assert error_lines(capfd.readouterr().err)[0].startswith("ERROR: package_name: ")
+    assert [path.name for path in existing.iterdir()] == ["notes.txt"]
+    assert (existing / "notes.txt").read_text(encoding="utf-8") == "mine\n"
+
+
+# --- Cleanup of the parents a bad slug made -----------------------------------------
+
+
+def test_new_parents_are_the_slug_folders_born_with_the_project(tmp_path, monkeypatch):
+    output_dir = tmp_path / "out"
+    project = output_dir / "a" / "b" / "project"
+    births = {project: 100.0, output_dir / "a": 100.0, output_dir / "a" / "b": 100.0}
+    monkeypatch.setattr(pre_gen, "birth_time", lambda path: births.get(Path(path), 1.0))
+    parents = pre_gen.new_parents_named_by_slug(project, output_dir, "a/b/project")
+    assert parents == [output_dir / "a" / "b", output_dir / "a"]
+
+    births[output_dir / "a"] = 90.0  # made by someone 10 s earlier: kept
+    parents = pre_gen.new_parents_named_by_slug(project, output_dir, "a/b/project")
+    assert parents == [output_dir / "a" / "b"]
+
+
+def test_output_folder_and_its_parents_are_never_removed(tmp_path, monkeypatch):
+    output_dir = tmp_path / "out"
+    monkeypatch.setattr(pre_gen, "birth_time", lambda path: 100.0)
+    project = tmp_path / "escaped"
+    parents = pre_gen.new_parents_named_by_slug(
+        project, output_dir, "inner/../../escaped"
+    )
+    assert parents == [output_dir / "inner"]
+
+
+def test_cleanup_removes_only_empty_parents_after_the_project_is_gone(tmp_path):
+    kept = tmp_path / "kept"
+    (kept / "emptied").mkdir(parents=True)
+    (kept / "file.txt").write_text("x", encoding="utf-8")
+    pre_gen.remove_parents_once_project_is_gone(
+        tmp_path / "gone", [kept / "emptied", kept]
+    )
+    assert not (kept / "emptied").exists()
+    assert (kept / "file.txt").exists()
+
+
+def test_cleanup_does_nothing_while_cookiecutter_keeps_the_project(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(pre_gen, "CLEANUP_WAIT_S", 0.1)
+    (tmp_path / "parent" / "project").mkdir(parents=True)
+    pre_gen.remove_parents_once_project_is_gone(
+        tmp_path / "parent" / "project", [tmp_path / "parent"]
+    )
+    assert (tmp_path / "parent" / "project").is_dir()
+
+
+# --- Post-generation: chosen files, run bits, recorded answers ----------------------
+
+COMBINATIONS = [
+    pytest.param(("trainer", True), id="trainer-slurm"),
+    pytest.param(("trainer", False), id="trainer-no-slurm"),
+    pytest.param(("native", True), id="native-slurm"),
+    pytest.param(("native", False), id="native-no-slurm"),
+]
+
+
+@pytest.fixture(scope="session", params=COMBINATIONS)
+def rendered(request, render, tmp_path_factory) -> tuple[str, bool, Path]:
+    training_loop, include_slurm = request.param
+    output_dir = tmp_path_factory.mktemp(f"{training_loop}-{include_slurm}")
+    project = render(
+        output_dir, {"training_loop": training_loop, "include_slurm": include_slurm}
+    )
+    return training_loop, include_slurm, project
+
+
+def relative_files(root: Path) -> set[str]:
+    return {
+        path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file()
+    }
+
+
+def test_post_gen_keeps_exactly_the_chosen_files(rendered):
+    training_loop, include_slurm, project = rendered
+    files = relative_files(project)
+    package = "src/text_classifier"
+    assert {f"{package}/train.py", "tests/ddp_probe.py"} <= files
+    assert ("tests/test_native_loop.py" in files) == (training_loop == "native")
+    assert ("scripts/train_slurm.sbatch" in files) == include_slurm
+    leftovers_of_choice = {
+        f"{package}/train_trainer.py",
+        f"{package}/train_native.py",
+        "tests/ddp_probe_trainer.py",
+        "tests/ddp_probe_native.py",
+    }
+    assert not files & leftovers_of_choice
+    template_files = {
+        path.replace("{{cookiecutter.package_name}}", "text_classifier")
+        for path in relative_files(PROJECT_TEMPLATE)
+    }
+    expected = (template_files - leftovers_of_choice) | {
+        f"{package}/train.py",
+        "tests/ddp_probe.py",
+        ".cookiecutter.json",
+    }
+    if training_loop == "trainer":
+        expected.discard("tests/test_native_loop.py")
+    if not include_slurm:
+        expected.discard("scripts/train_slurm.sbatch")
+    assert files == expected
+
+
+def test_train_py_and_probe_are_the_chosen_loop(rendered, default_answers):
+    training_loop, include_slurm, project = rendered
+    answers = {
+        **default_answers,
+        "training_loop": training_loop,
+        "include_slurm": include_slurm,
+    }
+    env = create_env_with_context({"cookiecutter": answers})
+    for rendered_path, template_path in [
+        (
+            "src/text_classifier/train.py",
+            PACKAGE_TEMPLATE / f"train_{training_loop}.py",
+        ),
+        (
+            "tests/ddp_probe.py",
+            PROJECT_TEMPLATE / "tests" / f"ddp_probe_{training_loop}.py",
+        ),
+    ]:
+        expected = env.from_string(template_path.read_text(encoding="utf-8")).render(
+            cookiecutter=answers
+        )
+        assert (project / rendered_path).read_text(encoding="utf-8") == expected
+
+
+def test_scripts_are_executable(rendered):
+    _, _, project = rendered
+    scripts = [*project.glob("scripts/*.sh"), *project.glob("scripts/*.sbatch")]
+    assert scripts
+    for script in scripts:
+        mode = script.stat().st_mode
+        assert mode & (stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH) == (
+            stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
+        ), script.name
+
+
+def test_recorded_answers_are_the_answers_without_local_paths(
+    rendered, default_answers
+):
+    training_loop, include_slurm, project = rendered
+    recorded = json.loads((project / ".cookiecutter.json").read_text(encoding="utf-8"))
+    assert recorded == {
+        "cookiecutter": {
+            **default_answers,
+            "training_loop": training_loop,
+            "include_slurm": include_slurm,
+        }
+    }
+    text = (project / ".cookiecutter.json").read_text(encoding="utf-8")
+    assert str(project.parent) not in text and str(TEMPLATE_DIR) not in text
+
+
+def test_replaying_recorded_answers_reproduces_the_same_files(
+    rendered, render, tmp_path
+):
+    _, _, project = rendered
+    again = render(tmp_path, replay_file=project / ".cookiecutter.json")
+
+    def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
+        return {
+            name: ((root / name).read_bytes(), (root / name).stat().st_mode & 0o777)
+            for name in relative_files(root)
+        }
+
+    assert snapshot(again) == snapshot(project)
+
+
+def test_command_line_accepts_the_recorded_answers_as_replay_file(
+    render, tmp_path, cookiecutter_config
+):
+    project = render(
+        tmp_path / "first", {"training_loop": "native", "include_slurm": False}
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cookiecutter",
+            "--config-file",
+            str(cookiecutter_config),
+            "--replay-file",
+            str(project / ".cookiecutter.json"),
+            "-o",
+            str(tmp_path / "second"),
+            str(TEMPLATE_DIR),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    again = tmp_path / "second" / project.name
+    assert relative_files(again) == relative_files(project)
+
+
+def test_include_slurm_no_on_the_command_line_arrives_as_false(render, tmp_path):
+    project = render(tmp_path, {"include_slurm": "no"})
+    assert not (project / "scripts" / "train_slurm.sbatch").exists()
+    recorded = json.loads((project / ".cookiecutter.json").read_text(encoding="utf-8"))
+    assert recorded["cookiecutter"]["include_slurm"] is False
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        ("/home/me/hf-ddp-template", None),
+        ("./hf-ddp-template", None),
+        ("hf-ddp-template", None),
+        ("~/templates/hf-ddp-template.zip", None),
+        ("file:///home/me/hf-ddp-template", None),
+        (None, None),
+        ("gh:org/hf-ddp-template", "gh:org/hf-ddp-template"),
+        (
+            "git@github.com:org/hf-ddp-template.git",
+            "git@github.com:org/hf-ddp-template.git",
+        ),
+        (
+            "https://github.com/org/hf-ddp-template.git",
+            "https://github.com/org/hf-ddp-template.git",
+        ),
+        ("https://user:token@github.com/org/t", "https://github.com/org/t"),
+        ("https://github.com/org/t.zip?token=abc", "https://github.com/org/t.zip"),
+        ("ssh://git@example.com:2222/org/t", "ssh://git@example.com:2222/org/t"),
+    ],
+    ids=case_id,
+)
+def test_recorded_template_is_a_remote_address_without_credentials(template, expected):
+    assert post_gen.remote_template(template) == expected
+
+
+def test_replay_context_drops_cookiecutter_keys():
+    answers = {
+        "project_name": "X",
+        "_output_dir": "/home/me/out",
+        "_repo_dir": "/home/me/tpl",
+        "_checkout": "main",
+        "_template": "/home/me/tpl",
+        "_extensions": ["cookiecutter.extensions.SlugifyExtension"],
+    }
+    assert post_gen.replay_context(answers) == {"cookiecutter": {"project_name": "X"}}
+    remote = {**answers, "_template": "gh:org/t"}
+    assert post_gen.replay_context(remote) == {
+        "cookiecutter": {"project_name": "X", "_template": "gh:org/t"}
+    }
+
+
+def test_unrendered_scan_finds_template_text_but_not_answers(tmp_path):
+    name = "It's {{ cookiecutter.project_slug }} <b>"
+    files = {
+        "flagged_expression.md": "# {{ cookiecutter.project_name }}\n",
+        "flagged_tight.py": "x = '{{cookiecutter.package_name}}'\n",
+        "flagged_block.sh": "{% if cookiecutter.include_slurm %}\n",
+        "ok_actions.yml": "python: ${{ matrix.python }}\n",
+        "ok_answer.md": f"# {name}\n",
+        "ok_answer_tojson.toml": "description = "
+        + StrictEnvironment().from_string("{{ x | tojson }}").render(x=name)
+        + "\n",
+    }
+    for file_name, text in files.items():
+        (tmp_path / file_name).write_text(text, encoding="utf-8")
+    (tmp_path / "binary.bin").write_bytes(b"\xff\xfe{{ cookiecutter.x }}")
+    found = post_gen.find_unrendered(tmp_path, {"project_name": name})
+    assert found == ["flagged_block.sh", "flagged_expression.md", "flagged_tight.py"]
+
+
+def copy_template(destination: Path) -> Path:
+    """Copy the template (without its own tests and caches) to break it on purpose."""
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        skipped = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache"}
+        if Path(directory) == TEMPLATE_DIR:
+            skipped.add("tests")
+        return skipped & set(names)
+
+    return Path(shutil.copytree(TEMPLATE_DIR, destination, ignore=ignore))
+
+
+def test_post_gen_refuses_a_template_missing_a_chosen_file(render, tmp_path, capfd):
+    template = copy_template(tmp_path / "template")
+    (template / PACKAGE_TEMPLATE.relative_to(TEMPLATE_DIR) / "train_native.py").unlink()
+    with pytest.raises(FailedHookException):
+        render(tmp_path / "out", template=template)
+    lines = error_lines(capfd.readouterr().err)
+    assert len(lines) == 1
+    assert lines[0].startswith(
+        "ERROR: template: missing src/text_classifier/train_native.py;"
+    )
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_post_gen_refuses_unrendered_template_text(render, tmp_path, capfd):
+    template = copy_template(tmp_path / "template")
+    leftover = template / PROJECT_TEMPLATE.name / "NOTES.md"
+    leftover.write_text(
+        "{% raw %}{{ cookiecutter.project_name }}{% endraw %}\n", encoding="utf-8"
+    )
+    with pytest.raises(FailedHookException):
+        render(tmp_path / "out", template=template)
+    lines = error_lines(capfd.readouterr().err)
+    assert lines == [
+        (
+            "ERROR: template: unrendered Jinja in NOTES.md; wrap literal Jinja in a raw"
+            " block or list the file in _copy_without_render"
+        )
+    ]
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_hook_files_are_importable_without_rendering():
+    assert pre_gen.ANSWERS_JSON == ANSWERS_LITERAL
+    assert post_gen.ANSWERS_JSON == ANSWERS_LITERAL

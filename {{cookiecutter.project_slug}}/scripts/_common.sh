@@ -1,0 +1,131 @@
+# shellcheck shell=bash
+# Shared by the launch scripts: sourced, never executed.
+# Keep this file free of the character pairs that open Jinja tags (brace-hash,
+# brace-percent, double brace): the template renders it.
+
+# Answers given when this repo was generated. Environment variables override them.
+# shellcheck disable=SC2034  # read by the scripts that source this file
+PACKAGE_NAME="{{ cookiecutter.package_name }}"
+DEFAULT_NPROC_PER_NODE="{{ cookiecutter.nproc_per_node }}"
+DEFAULT_NNODES="{{ cookiecutter.nnodes }}"
+DEFAULT_MASTER_PORT="{{ cookiecutter.master_port }}"
+
+REPO_ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." >/dev/null && pwd)"
+
+# A checkout runs without `pip install`; an installed copy is found either way.
+if [[ -d "$REPO_ROOT/src" ]]; then
+  export PYTHONPATH="$REPO_ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
+die() {
+  printf 'error: %s\n' "$*" >&2
+  exit 1
+}
+
+# is_int_in_range VALUE MIN [MAX]: VALUE is a whole number, MIN <= VALUE <= MAX.
+is_int_in_range() {
+  [[ "$1" =~ ^[0-9]{1,9}$ ]] || return 1
+  (( 10#$1 >= $2 )) || return 1
+  [[ -z "${3:-}" ]] || (( 10#$1 <= $3 ))
+}
+
+# require_int NAME MIN [MAX]: the variable NAME must hold a whole number in
+# [MIN, MAX]; it is rewritten in plain decimal ("08" becomes 8).
+require_int() {
+  local name="$1" min="$2" max="${3:-}"
+  local value="${!name-}" expected="an integer >= $min"
+  if [[ -n "$max" ]]; then
+    expected="an integer from $min to $max"
+  fi
+  is_int_in_range "$value" "$min" "$max" \
+    || die "$name='$value' is not valid: expected $expected"
+  printf -v "$name" '%d' "$((10#$value))"
+}
+
+# True when any argument asks for help.
+wants_help() {
+  local arg
+  for arg in "$@"; do
+    if [[ "$arg" == -h || "$arg" == --help ]]; then
+      return 0
+    fi
+  done
+  return 1
+}
+
+# The first argument is a config file when it ends in .yaml, .yml or .json;
+# everything else goes to the training script untouched.
+check_config() {
+  local first="${1:-}"
+  if [[ "$first" != -* && "$first" =~ \.(yaml|yml|json)$ && ! -f "$first" ]]; then
+    die "config file '$first' not found (from $PWD): pass an existing .yaml/.yml/.json file, e.g. configs/default.yaml"
+  fi
+}
+
+resolve_python() {
+  if [[ -z "${PYTHON:-}" ]]; then
+    PYTHON=python
+    if ! command -v python >/dev/null; then
+      PYTHON=python3
+    fi
+  fi
+  command -v "$PYTHON" >/dev/null \
+    || die "PYTHON='$PYTHON' is not a command: activate the environment that has torch, or set PYTHON=/path/to/python"
+}
+
+resolve_max_restarts() {
+  MAX_RESTARTS="${MAX_RESTARTS:-0}"
+  require_int MAX_RESTARTS 0
+}
+
+cpu_count() {
+  nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1
+}
+
+# NPROC_PER_NODE: a number, or 'auto' for one process per visible GPU.
+resolve_nproc_per_node() {
+  NPROC_PER_NODE="${NPROC_PER_NODE:-$DEFAULT_NPROC_PER_NODE}"
+  if [[ "$NPROC_PER_NODE" == auto ]]; then
+    local gpus
+    gpus="$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')" \
+      || die "NPROC_PER_NODE=auto could not count GPUs with $PYTHON (is torch installed?): set NPROC_PER_NODE to a number"
+    if [[ "$gpus" =~ ^[1-9][0-9]*$ ]]; then
+      NPROC_PER_NODE="$gpus"
+    elif (( $(cpu_count) >= 2 )); then
+      # No GPU. Two processes still exercise DDP; more than the cores just contend.
+      NPROC_PER_NODE=2
+    else
+      NPROC_PER_NODE=1
+    fi
+  fi
+  is_int_in_range "$NPROC_PER_NODE" 1 \
+    || die "NPROC_PER_NODE='$NPROC_PER_NODE' is not valid: expected 'auto' or an integer >= 1"
+  NPROC_PER_NODE="$((10#$NPROC_PER_NODE))"
+}
+
+# Share the cores between the processes of this node, unless the user chose.
+# (torchrun would otherwise set 1 thread per process and print a warning.)
+set_omp_num_threads() {
+  if [[ -z "${OMP_NUM_THREADS:-}" ]]; then
+    local threads=$(( $(cpu_count) / NPROC_PER_NODE ))
+    export OMP_NUM_THREADS="$(( threads > 1 ? threads : 1 ))"
+  fi
+}
+
+# Sets PYTHON, NPROC_PER_NODE, MAX_RESTARTS and OMP_NUM_THREADS. Call it after
+# the cheap checks: NPROC_PER_NODE=auto imports torch.
+resolve_launch_settings() {
+  resolve_python
+  resolve_max_restarts
+  resolve_nproc_per_node
+  set_omp_num_threads
+}
+
+# Prints the command on stderr, then replaces this shell with it so that
+# signals (Ctrl-C, SLURM's SIGTERM) reach torchrun directly.
+run_command() {
+  printf '+' >&2
+  printf ' %q' "$@" >&2
+  printf '\n' >&2
+  exec "$@"
+}

@@ -1,0 +1,54 @@
+"""Shared fixtures: offline smoke assets and a real torchrun launcher (2 CPU processes, gloo)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from {{ cookiecutter.package_name }}.smoke import make_smoke_assets
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SMOKE_CONFIG = REPO_ROOT / "configs" / "smoke.yaml"
+TRAIN_SIZE = 256  # divisible by 2 ranks x batch 16, so shards can be exactly disjoint
+EVAL_SIZE = 101  # odd: a naive distributed eval would count one example twice
+
+
+@pytest.fixture(scope="session")
+def smoke_assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_smoke_assets(tmp_path_factory.mktemp("smoke_assets"), train_size=TRAIN_SIZE, eval_size=EVAL_SIZE)
+
+
+def smoke_flags(assets: Path, output_dir: Path) -> list[str]:
+    """configs/smoke.yaml, pointed at the test's own assets and output folder."""
+    return [
+        str(SMOKE_CONFIG),
+        "--model_name_or_path", str(assets / "tiny-bert"),
+        "--train_file", str(assets / "train.jsonl"),
+        "--validation_file", str(assets / "validation.jsonl"),
+        "--output_dir", str(output_dir),
+        "--disable_tqdm", "true",
+    ]
+
+
+def run_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT / "src"), env.get("PYTHONPATH")]))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env.update(extra)
+    return env
+
+
+def torchrun(args: list[str], nproc: int = 2, timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess:
+    """Launch with torchrun itself; --standalone gives every run its own free port."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    result = subprocess.run(
+        command, cwd=REPO_ROOT, env=run_env(), capture_output=True, text=True, timeout=timeout
+    )
+    if check and result.returncode != 0:
+        pytest.fail(f"torchrun exited {result.returncode}:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+    return result

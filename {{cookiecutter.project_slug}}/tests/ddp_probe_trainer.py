@@ -1,0 +1,70 @@
+"""Run by the tests under torchrun: train for real, recording what this rank trained on and holds.
+
+Each rank writes <output_dir>/probe/rank<RANK>.json (world size, the train indices it consumed in
+each epoch, optimizer steps run, the checkpoint it resumed from, logged losses) and
+rank<RANK>.safetensors (its final weights).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from safetensors.torch import save_file
+from transformers import TrainerCallback
+
+from {{ cookiecutter.package_name }} import train
+from {{ cookiecutter.package_name }}.config import parse_args
+
+
+class ShardRecorder(TrainerCallback):
+    """Wraps the data collator to note each example's index, epoch by epoch, as it is trained on."""
+
+    def __init__(self, collator) -> None:
+        self.collator = collator
+        self.epochs: list[list[int]] = []
+        self.steps = 0
+
+    def __call__(self, features: list[dict]) -> dict:
+        if "sample_index" in features[0]:  # train batches only; eval has no such column
+            self.epochs[-1].extend(feature.pop("sample_index") for feature in features)
+        return self.collator(features)
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.epochs.append([])
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps += 1
+
+
+def main() -> None:
+    model_args, data_args, training_args = parse_args(sys.argv[1:])
+    train.prepare_run(training_args)
+    trainer = train.build_trainer(model_args, data_args, training_args)
+    recorder = ShardRecorder(trainer.data_collator)
+    trainer.add_callback(recorder)
+    trainer.data_collator = recorder
+    trainer.train_dataset = trainer.train_dataset.add_column("sample_index", list(range(len(trainer.train_dataset))))
+    resumed_from = train.find_resume_checkpoint(training_args)  # what train_and_evaluate will resume from
+    train.train_and_evaluate(trainer, training_args)
+
+    rank = int(os.environ.get("RANK", "0"))
+    probe_dir = Path(training_args.output_dir) / "probe"
+    probe_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+        "rank": rank,
+        "world_size": trainer.args.world_size,
+        "train_indices_per_epoch": [sorted(indices) for indices in recorder.epochs if indices],
+        "steps_run": recorder.steps,
+        "resumed_from": resumed_from,
+        "logged_losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
+    }
+    (probe_dir / f"rank{rank}.json").write_text(json.dumps(record))
+    state = {name: tensor.detach().cpu().contiguous().clone() for name, tensor in trainer.model.state_dict().items()}
+    save_file(state, probe_dir / f"rank{rank}.safetensors")
+
+
+if __name__ == "__main__":
+    main()
