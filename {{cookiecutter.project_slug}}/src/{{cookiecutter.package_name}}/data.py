@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import datasets
+import torch
 from datasets import ClassLabel, DatasetDict
+from torch.utils.data import Sampler
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
 from .config import ConfigError, DataArguments
@@ -120,3 +123,67 @@ class ClassificationCollator(DataCollatorWithPadding):
 def build_collator(tokenizer: PreTrainedTokenizerBase, mixed_precision: bool) -> ClassificationCollator:
     # Multiples of 8 let tensor cores run the padded matmuls at full speed.
     return ClassificationCollator(tokenizer, pad_to_multiple_of=8 if mixed_precision else None)
+
+
+class DistributedLengthGroupedSampler(Sampler[int]):
+    """Disjoint per-rank shards whose batches hold examples of similar length, for less padding.
+
+    Each epoch (seed + epoch, the same on every rank): shuffle, cut into megabatches, sort each
+    megabatch by length, and deal every global batch (batch_size x num_replicas consecutive
+    examples) out so that rank r takes slice r. The ranks then run batches of about the same
+    length at the same step, so none waits long for the others at the gradient all-reduce. As in
+    DistributedSampler, the order is padded with its first examples to a multiple of num_replicas
+    (or cut, with drop_last), so every rank runs the same number of batches.
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        batch_size: int,
+        num_replicas: int = 1,
+        rank: int = 0,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is outside [0, {num_replicas})")
+        self.lengths = list(lengths)
+        self.batch_size = batch_size
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        count = len(self.lengths)
+        self.total_size = count - count % num_replicas if drop_last else -(-count // num_replicas) * num_replicas
+        self.num_samples = self.total_size // num_replicas
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.lengths), generator=generator).tolist()
+        while len(order) < self.total_size:  # pad with repeats, at most num_replicas - 1 of them
+            order += order[: self.total_size - len(order)]
+        order = order[: self.total_size]
+
+        global_batch = self.batch_size * self.num_replicas
+        # Up to 50 global batches per megabatch, and at least 4 megabatches: sorted but still shuffled.
+        megabatch = global_batch * max(1, min(50, len(order) // (global_batch * 4)))
+        batches = []
+        for start in range(0, len(order), megabatch):
+            group = sorted(order[start : start + megabatch], key=self.lengths.__getitem__, reverse=True)
+            batches += [group[i : i + global_batch] for i in range(0, len(group), global_batch)]
+        # Longest full batch first, so an out-of-memory error shows at step 1, not hours in. (A short
+        # last batch stays last: moved up, it would shift every rank's later batch boundaries.)
+        full = [b for b in range(len(batches)) if len(batches[b]) == global_batch]
+        if full:
+            longest = max(full, key=lambda b: self.lengths[batches[b][0]])
+            batches[0], batches[longest] = batches[longest], batches[0]
+        for batch in batches:
+            share = len(batch) // self.num_replicas
+            yield from batch[self.rank * share : (self.rank + 1) * share]

@@ -160,3 +160,31 @@ def setup_distributed(use_cpu: bool, backend: str | None, timeout_seconds: int) 
 def cleanup_distributed() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def setup_or_adopt_distributed(use_cpu: bool, backend: str | None, timeout_seconds: int) -> DistributedEnv:
+    """setup_distributed, or take over the process group that parsing TrainingArguments started.
+
+    Under torchrun, transformers' TrainingArguments.__post_init__ builds accelerate's PartialState,
+    which calls init_process_group itself: with --ddp_backend, but on CPU without --ddp_timeout and
+    on GPU before pinning the device. Adopt that group, after checking it spans torchrun's world,
+    then pin the device and apply --ddp_timeout to it.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return setup_distributed(use_cpu, backend, timeout_seconds)
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world_size = env_world_size()
+    if (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
+        raise RuntimeError(
+            f"a process group already exists with rank {dist.get_rank()} of {dist.get_world_size()}, but torchrun "
+            f"set RANK={rank} WORLD_SIZE={world_size}; start the run only through torchrun or the scripts/ launchers"
+        )
+    if use_cpu:
+        device = torch.device("cpu")
+    else:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    # Public API has no setter for this; _set_pg_timeout is torch's own helper for exactly this.
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_seconds))
+    return DistributedEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
