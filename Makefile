@@ -1,0 +1,39 @@
+# Two entry points for a fresh machine (see README.md):
+#   make smoke   render the template with its defaults and train the offline smoke config on 2 processes
+#   make test    run the template's tests, including each generated project's own tests
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+SMOKE_DIR ?= build/smoke
+
+.PHONY: smoke test test-fast lint bench clean
+
+$(BIN)/.installed: requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+smoke: $(BIN)/.installed
+	rm -rf $(SMOKE_DIR)
+	$(BIN)/cookiecutter --no-input . -o $(SMOKE_DIR)
+	cd $(SMOKE_DIR)/text-classifier && PYTHONPATH=src ../../../$(BIN)/python -m text_classifier.smoke
+	cd $(SMOKE_DIR)/text-classifier && PATH="$(CURDIR)/$(BIN):$$PATH" NPROC_PER_NODE=2 scripts/train_single_node.sh configs/smoke.yaml --disable_tqdm true
+	cat $(SMOKE_DIR)/text-classifier/outputs/smoke/metrics.json
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest tests
+
+test-fast: $(BIN)/.installed
+	$(BIN)/python -m pytest tests -m "not rendered_suite"
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check hooks tests bench
+
+bench: $(BIN)/.installed
+	$(BIN)/python bench/length_grouping.py
+	$(BIN)/python bench/compare_loops.py
+
+clean:
+	rm -rf build $(VENV)
