@@ -111,13 +111,16 @@ class TrainingArguments(transformers.TrainingArguments):
         # Decide device, backend and precision before the parent sets up devices: on a CPU-only
         # machine the Trainer trains each rank alone unless use_cpu is set, and gloo alone does not
         # make the ranks synchronise gradients.
-        settings = resolve_device_settings(
-            self.mixed_precision,
-            fp16=self.fp16,
-            bf16=self.bf16,
-            use_cpu=self.use_cpu,
-            ddp_backend=self.ddp_backend,
-        )
+        try:
+            settings = resolve_device_settings(
+                self.mixed_precision,
+                fp16=self.fp16,
+                bf16=self.bf16,
+                use_cpu=self.use_cpu,
+                ddp_backend=self.ddp_backend,
+            )
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         self.use_cpu = settings.use_cpu
         self.ddp_backend = settings.ddp_backend
         self.fp16 = settings.precision == "fp16"
@@ -129,6 +132,9 @@ class TrainingArguments(transformers.TrainingArguments):
             # and broadcasts its state from rank 0 at the start of every epoch.
             self.accelerator_config = {"use_seedable_sampler": False}
         super().__post_init__()
+        # The parent fills an attribute of this name from ACCELERATE_MIXED_PRECISION and hands it
+        # to accelerate; keep it equal to what was resolved above.
+        self.mixed_precision = settings.precision
 
 
 def split_config_path(argv: list[str]) -> tuple[Path | None, list[str]]:
@@ -161,10 +167,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
     config_path, flags = split_config_path(argv)
     if config_path is not None:
         values = load_config_file(config_path)
-        known = {action.dest for action in parser._actions}
-        unknown = sorted(set(values) - known)
+        actions = {action.dest: action for action in parser._actions}
+        unknown = sorted(set(values) - set(actions))
         if unknown:
             raise ConfigError(f"{config_path}: unknown setting(s) {', '.join(unknown)}; see --help for the names")
+        for name, value in values.items():
+            # argparse checks choices on the command line only, never on defaults.
+            choices = actions[name].choices
+            if choices is not None and value not in choices:
+                raise ConfigError(f"{config_path}: {name}: {value!r} is not one of {', '.join(map(str, choices))}")
         parser.set_defaults(**values)
         for action in parser._actions:
             if action.dest in values:

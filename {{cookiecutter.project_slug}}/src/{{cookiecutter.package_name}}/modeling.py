@@ -15,15 +15,23 @@ from transformers import (
 from .config import ConfigError, ModelArguments
 
 
-def _not_found(name: str, err: Exception) -> ConfigError:
+def _not_found(name: str, reason: str) -> ConfigError:
     hint = "Offline? Use a local folder made with save_pretrained."
-    if not Path(name).exists() and name.startswith("smoke_assets"):
+    if "smoke_assets" in Path(name).parts:
         hint = f"Create the smoke assets first: python -m {__package__}.smoke"
-    return ConfigError(f"--model_name_or_path {name!r} could not be loaded ({type(err).__name__}). {hint}")
+    return ConfigError(f"--model_name_or_path {name!r} could not be loaded ({reason}). {hint}")
+
+
+def _check_local_path(name: str) -> None:
+    """A missing local-looking path fails at once, instead of after the Hub client's retries."""
+    looks_local = name.startswith((".", "/", "~")) or "smoke_assets" in Path(name).parts
+    if looks_local and not Path(name).expanduser().exists():
+        raise _not_found(name, "no such folder")
 
 
 def load_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
     name = model_args.tokenizer_name or model_args.model_name_or_path
+    _check_local_path(name)
     try:
         return AutoTokenizer.from_pretrained(
             name,
@@ -32,12 +40,13 @@ def load_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
             trust_remote_code=model_args.trust_remote_code,
         )
     except (OSError, ValueError) as err:
-        raise _not_found(name, err) from None
+        raise _not_found(name, type(err).__name__) from None
 
 
 def load_model(model_args: ModelArguments, names: list[str]) -> PreTrainedModel:
     """Load a sequence classifier with one output per class and the label names in its config."""
     name = model_args.model_name_or_path
+    _check_local_path(name)
     try:
         config = AutoConfig.from_pretrained(
             name,
@@ -58,7 +67,7 @@ def load_model(model_args: ModelArguments, names: list[str]) -> PreTrainedModel:
             ignore_mismatched_sizes=True,
         )
     except (OSError, ValueError) as err:
-        raise _not_found(name, err) from None
+        raise _not_found(name, type(err).__name__) from None
     # Classification heads take **kwargs but ignore num_items_in_batch and return a per-batch
     # mean. If the Trainer believed otherwise it would multiply the loss (and the gradients) by
     # the world size and skip dividing by the accumulation steps.

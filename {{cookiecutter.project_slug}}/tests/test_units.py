@@ -1,0 +1,740 @@
+"""Fast in-process tests of the shared modules: no torchrun, no network, a few seconds in all.
+
+Sections follow the modules: distributed, config, data (loading, labels, tokenising, collator,
+length-grouped sampler), metrics, modeling, smoke. The model and tokenizer are the tiny offline
+ones from smoke.py; data files are written into tmp_path.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import huggingface_hub.constants
+import numpy as np
+import pytest
+import torch
+from accelerate.state import AcceleratorState
+from conftest import EVAL_SIZE, TRAIN_SIZE
+from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
+from safetensors.torch import load_file
+
+from {{ cookiecutter.package_name }} import smoke
+from {{ cookiecutter.package_name }}.config import (
+    ConfigError,
+    DataArguments,
+    ModelArguments,
+    TrainingArguments,
+    parse_args,
+)
+from {{ cookiecutter.package_name }}.data import (
+    DistributedLengthGroupedSampler,
+    build_collator,
+    label_names,
+    load_raw_datasets,
+    tokenize_datasets,
+)
+from {{ cookiecutter.package_name }}.distributed import check_really_distributed, resolve_device_settings
+from {{ cookiecutter.package_name }}.metrics import classification_metrics, write_metrics
+from {{ cookiecutter.package_name }}.modeling import load_model, load_tokenizer
+
+PACKAGE = "{{ cookiecutter.package_name }}"
+
+
+@pytest.fixture(autouse=True)
+def isolated_process(monkeypatch: pytest.MonkeyPatch):
+    """Offline, single-process, and no accelerate state left behind for the next test or module.
+
+    huggingface_hub reads HF_HUB_OFFLINE once, at import, so the constant itself is patched: a
+    missing model path then fails at once instead of retrying the Hub for ~20 s.
+
+    parse_args builds TrainingArguments, whose device setup fills accelerate's process-wide
+    PartialState. The tests here cannot leak into each other through it (transformers calls
+    AcceleratorState._reset_state(reset_partial_state=True) before every device setup), but the
+    state would outlive this module, so it is reset after each test.
+    """
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_CPU"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+# ---- distributed: device, backend and precision ------------------------------------------------
+
+# (mixed_precision, cuda available, bf16 supported) -> precision, or None where it is refused.
+PRECISION_TABLE = [
+    ("auto", False, False, "no"),
+    ("auto", False, True, "no"),
+    ("auto", True, False, "fp16"),
+    ("auto", True, True, "bf16"),
+    ("bf16", False, False, "bf16"),  # bf16 autocast works on CPU
+    ("bf16", False, True, "bf16"),
+    ("bf16", True, False, "bf16"),  # asked for explicitly; transformers itself refuses it on such a GPU
+    ("bf16", True, True, "bf16"),
+    ("fp16", False, False, None),
+    ("fp16", False, True, None),
+    ("fp16", True, False, "fp16"),
+    ("fp16", True, True, "fp16"),
+    ("no", False, False, "no"),
+    ("no", False, True, "no"),
+    ("no", True, False, "no"),
+    ("no", True, True, "no"),
+]
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize(("mixed_precision", "cuda", "bf16_ok", "expected"), PRECISION_TABLE)
+def test_resolve_device_settings_picks_precision_device_and_backend(
+    monkeypatch: pytest.MonkeyPatch, world_size: int, mixed_precision: str, cuda: bool, bf16_ok: bool,
+    expected: str | None,
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))
+    if expected is None:
+        with pytest.raises(ValueError, match="--mixed_precision"):
+            resolve_device_settings(mixed_precision, cuda_available=cuda, bf16_supported=bf16_ok)
+        return
+    settings = resolve_device_settings(mixed_precision, cuda_available=cuda, bf16_supported=bf16_ok)
+    assert settings.precision == expected
+    assert settings.use_cpu is (not cuda)
+    assert settings.ddp_backend == (None if world_size == 1 else "nccl" if cuda else "gloo")
+
+
+def test_fp16_on_cpu_is_refused_with_a_message_naming_mixed_precision() -> None:
+    with pytest.raises(ValueError, match=r"--mixed_precision fp16 needs a CUDA GPU.*--mixed_precision no"):
+        resolve_device_settings("auto", fp16=True, cuda_available=False)
+    # --use_cpu on a GPU machine is CPU too.
+    with pytest.raises(ValueError, match="--mixed_precision fp16 needs a CUDA GPU"):
+        resolve_device_settings("fp16", use_cpu=True, cuda_available=True, bf16_supported=True)
+
+
+def test_use_cpu_wins_over_an_available_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    settings = resolve_device_settings("auto", use_cpu=True, cuda_available=True, bf16_supported=True)
+    assert (settings.use_cpu, settings.ddp_backend, settings.precision) == (True, "gloo", "no")
+
+
+def test_fp16_and_bf16_together_are_refused() -> None:
+    with pytest.raises(ValueError, match="--fp16 and --bf16 are both set"):
+        resolve_device_settings("auto", fp16=True, bf16=True, cuda_available=True, bf16_supported=True)
+
+
+@pytest.mark.parametrize(("mixed_precision", "flags"), [("bf16", "fp16"), ("no", "fp16"), ("fp16", "bf16")])
+def test_explicit_precision_flag_contradicting_mixed_precision_is_refused(mixed_precision: str, flags: str) -> None:
+    with pytest.raises(ValueError, match=f"--{flags} contradicts --mixed_precision {mixed_precision}"):
+        resolve_device_settings(
+            mixed_precision, fp16=flags == "fp16", bf16=flags == "bf16", cuda_available=True, bf16_supported=True
+        )
+
+
+def test_explicit_precision_flag_wins_over_auto_and_agrees_with_its_own_name() -> None:
+    # auto would pick bf16 here; --fp16 given directly overrides it.
+    assert resolve_device_settings("auto", fp16=True, cuda_available=True, bf16_supported=True).precision == "fp16"
+    assert resolve_device_settings("fp16", fp16=True, cuda_available=True, bf16_supported=True).precision == "fp16"
+    assert resolve_device_settings("auto", bf16=True, cuda_available=False).precision == "bf16"
+
+
+def test_unknown_mixed_precision_is_refused() -> None:
+    with pytest.raises(ValueError, match="--mixed_precision 'fp32': use auto, bf16, fp16 or no"):
+        resolve_device_settings("fp32", cuda_available=False)
+
+
+def test_explicit_ddp_backend_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert resolve_device_settings("auto", ddp_backend="gloo", cuda_available=True, bf16_supported=True).ddp_backend \
+        == "gloo"
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert resolve_device_settings("no", ddp_backend="nccl", cuda_available=True).ddp_backend == "nccl"
+
+
+def test_world_size_without_a_process_group_is_refused_naming_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not torch.distributed.is_initialized()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match=r"WORLD_SIZE=2 but this process would train with world size 1"):
+        check_really_distributed(1)
+    # Even a Trainer that claims world size 2 is refused while no process group spans it.
+    with pytest.raises(RuntimeError, match=r"process group size 1"):
+        check_really_distributed(2)
+
+
+def test_a_plain_single_process_run_passes_the_distribution_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert check_really_distributed(1) is None  # WORLD_SIZE unset
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert check_really_distributed(1) is None
+
+
+# ---- config: YAML/JSON then flags ---------------------------------------------------------------
+
+REQUIRED = ["--model_name_or_path", "some/model", "--train_file", "train.jsonl"]
+
+
+def write_yaml(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_yaml_sets_values_and_flags_after_it_override_them(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "run.yaml", (
+        "model_name_or_path: from/yaml\ntrain_file: data/train.csv\nlearning_rate: 0.001\n"
+        "seed: 7\nmax_seq_length: 64\nnum_train_epochs: 3\n"
+    ))
+    model_args, data_args, training_args = parse_args([config, "--learning_rate", "0.005", "--seed", "9"])
+    assert training_args.learning_rate == 0.005  # flag
+    assert training_args.seed == 9  # flag
+    assert training_args.num_train_epochs == 3  # yaml
+    assert data_args.max_seq_length == 64  # yaml
+    assert (model_args.model_name_or_path, data_args.train_file) == ("from/yaml", "data/train.csv")
+    _, _, from_yaml_only = parse_args([config])
+    assert from_yaml_only.learning_rate == 0.001
+
+
+def test_json_config_is_read_like_yaml(tmp_path: Path) -> None:
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps(
+        dict(model_name_or_path="from/json", train_file="t.parquet", learning_rate=0.002, max_seq_length=32)
+    ))
+    model_args, data_args, training_args = parse_args([str(config), "--max_seq_length", "16"])
+    assert (model_args.model_name_or_path, data_args.train_file) == ("from/json", "t.parquet")
+    assert training_args.learning_rate == 0.002
+    assert data_args.max_seq_length == 16
+
+
+def test_yaml_exponent_without_a_dot_still_becomes_a_float(tmp_path: Path) -> None:
+    """PyYAML reads `2e-5` as the string '2e-5' (YAML 1.1); argparse converts string defaults by type."""
+    config = write_yaml(tmp_path / "run.yaml", "model_name_or_path: m\ntrain_file: t.jsonl\nlearning_rate: 2e-5\n")
+    _, _, training_args = parse_args([config])
+    assert training_args.learning_rate == pytest.approx(2e-5)
+    assert isinstance(training_args.learning_rate, float)
+
+
+def test_unknown_yaml_key_is_refused_by_name(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "run.yaml", "model_name_or_path: m\ntrain_file: t.jsonl\nlearning_rat: 0.1\n")
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) learning_rat;"):
+        parse_args([config])
+
+
+def test_missing_config_file_is_refused(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match=f"config file '{missing}' not found"):
+        parse_args([missing])
+
+
+def test_yaml_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "list.yaml", "- learning_rate\n- 0.1\n")
+    with pytest.raises(ConfigError, match="must hold a mapping of flag names to values"):
+        parse_args([config])
+
+
+def test_invalid_yaml_is_refused(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "broken.yaml", "learning_rate: [0.1,\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        parse_args([config])
+
+
+def test_defaults_suit_ddp_fine_tuning() -> None:
+    _, data_args, training_args = parse_args(REQUIRED)
+    assert training_args.train_sampling_strategy == "group_by_length"
+    assert training_args.ddp_find_unused_parameters is False
+    assert training_args.remove_unused_columns is False
+    assert (training_args.output_dir, training_args.save_total_limit, training_args.logging_steps) == ("outputs", 2, 10)
+    assert (data_args.max_seq_length, data_args.validation_split_percentage) == (512, 5)
+
+
+def test_mixed_precision_defaults_to_auto_and_reads_back_as_the_resolved_precision() -> None:
+    """transformers' own __post_init__ sets an attribute of the same name (what the Trainer hands to
+    Accelerator) from fp16/bf16, so after parsing the field holds the resolved precision, not 'auto'."""
+    default = next(f.default for f in dataclasses.fields(TrainingArguments) if f.name == "mixed_precision")
+    assert default == "auto"
+    _, _, training_args = parse_args(REQUIRED)
+    resolved = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "no"
+    assert training_args.mixed_precision == resolved
+    if not torch.cuda.is_available():
+        assert training_args.mixed_precision == "no"
+
+
+def test_accelerate_mixed_precision_env_cannot_override_the_resolved_precision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    _, _, training_args = parse_args([*REQUIRED, "--mixed_precision", "no"])
+    assert (training_args.fp16, training_args.bf16) == (False, False)
+    assert training_args.mixed_precision == "no"
+
+
+def test_device_and_precision_follow_the_machine() -> None:
+    _, _, training_args = parse_args(REQUIRED)
+    assert training_args.ddp_backend is None  # a single process: no backend to choose
+    if not torch.cuda.is_available():
+        assert training_args.use_cpu is True
+        assert (training_args.fp16, training_args.bf16) == (False, False)
+    else:
+        bf16_ok = torch.cuda.is_bf16_supported()
+        assert training_args.use_cpu is False
+        assert (training_args.fp16, training_args.bf16) == (not bf16_ok, bf16_ok)
+
+
+def test_group_by_length_turns_off_the_seedable_sampler_and_random_keeps_it() -> None:
+    _, _, grouped = parse_args(REQUIRED)
+    assert grouped.accelerator_config.use_seedable_sampler is False
+    _, _, shuffled = parse_args([*REQUIRED, "--train_sampling_strategy", "random"])
+    assert shuffled.accelerator_config.use_seedable_sampler is True
+
+
+def test_an_explicit_accelerator_config_is_kept(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "run.yaml", (
+        "model_name_or_path: m\ntrain_file: t.jsonl\naccelerator_config:\n  use_seedable_sampler: true\n"
+    ))
+    _, _, training_args = parse_args([config])
+    assert training_args.train_sampling_strategy == "group_by_length"
+    assert training_args.accelerator_config.use_seedable_sampler is True
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--model_name_or_path", "m"], "--dataset_name or --train_file is required"),
+    ([*REQUIRED[:2], "--train_file", "train.txt"], "--train_file 'train.txt': unsupported format"),
+    ([*REQUIRED, "--validation_file", "dev.tsv"], "--validation_file 'dev.tsv': unsupported format"),
+    ([*REQUIRED, "--max_seq_length", "0"], "--max_seq_length 0: must be >= 1"),
+    ([*REQUIRED, "--validation_split_percentage", "100"], "--validation_split_percentage must be between 1 and 99"),
+], ids=["no-data", "train-suffix", "validation-suffix", "max-seq-length-0", "split-100"])
+def test_data_arguments_refuse_bad_settings(flags: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_args(flags)
+
+
+def test_config_file_value_outside_a_flags_choices_is_refused(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "run.yaml", (
+        "model_name_or_path: m\ntrain_file: t.jsonl\ntrain_sampling_strategy: group_by_lenght\n"
+    ))
+    with pytest.raises(ConfigError, match="train_sampling_strategy"):
+        parse_args([config])
+
+
+def test_contradictory_precision_flags_are_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="--fp16 and --bf16"):
+        parse_args([*REQUIRED, "--fp16", "true", "--bf16", "true"])
+
+
+# ---- data: loading local files -----------------------------------------------------------------
+
+def example_rows(count: int, seed: int) -> list[dict]:
+    return smoke.synthetic_examples(count, seed)
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    if path.suffix == ".csv":
+        with path.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    elif path.suffix == ".json":
+        path.write_text(json.dumps(rows))  # one JSON array
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    else:
+        Dataset.from_list(rows).to_parquet(str(path))
+    return path
+
+
+def load(tmp_path: Path, **options) -> DatasetDict:
+    return load_raw_datasets(DataArguments(**options), cache_dir=str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".json", ".jsonl", ".parquet"])
+def test_load_raw_datasets_reads_each_local_format(tmp_path: Path, suffix: str) -> None:
+    train, validation = example_rows(40, seed=1), example_rows(10, seed=2)
+    raw = load(tmp_path, train_file=str(write_rows(tmp_path / f"train{suffix}", train)),
+               validation_file=str(write_rows(tmp_path / f"validation{suffix}", validation)))
+    assert list(raw) == ["train", "validation"]
+    assert raw["train"]["text"] == [row["text"] for row in train]
+    assert raw["validation"]["label"] == [row["label"] for row in validation]
+
+
+def test_without_a_validation_file_a_seeded_share_of_train_is_held_out(tmp_path: Path) -> None:
+    rows = example_rows(50, seed=1)
+    train_file = str(write_rows(tmp_path / "train.jsonl", rows))
+    raw = load(tmp_path, train_file=train_file, validation_split_percentage=20)
+    assert (len(raw["train"]), len(raw["validation"])) == (40, 10)
+    held_out, kept = set(raw["validation"]["text"]), set(raw["train"]["text"])
+    assert held_out.isdisjoint(kept) and held_out | kept == {row["text"] for row in rows}
+    again = load(tmp_path, train_file=train_file, validation_split_percentage=20)
+    assert again["validation"]["text"] == raw["validation"]["text"]  # same seed, same split on every rank
+
+
+@pytest.mark.parametrize(("option", "flag"), [("text_column", "--text_column"), ("label_column", "--label_column")])
+def test_missing_column_is_refused_naming_the_flag_and_the_columns(tmp_path: Path, option: str, flag: str) -> None:
+    train_file = str(write_rows(tmp_path / "train.csv", example_rows(20, seed=1)))
+    with pytest.raises(ConfigError, match=f"{flag} 'sentence' is not a column of the train split; "
+                                          "columns are: text, label"):
+        load(tmp_path, train_file=train_file, **{option: "sentence"})
+
+
+def test_missing_file_is_refused_by_name(tmp_path: Path) -> None:
+    train_file = str(write_rows(tmp_path / "train.jsonl", example_rows(10, seed=1)))
+    missing = str(tmp_path / "dev.jsonl")
+    with pytest.raises(ConfigError, match=f"--validation_file '{missing}' not found"):
+        load(tmp_path, train_file=train_file, validation_file=missing)
+    with pytest.raises(ConfigError, match=f"--train_file '{missing}' not found"):
+        load(tmp_path, train_file=missing)
+
+
+def test_malformed_file_is_refused(tmp_path: Path) -> None:
+    broken = tmp_path / "train.json"
+    broken.write_text('{"text": "good film", "label": 1}\n{"text": oops\n')
+    with pytest.raises(ConfigError, match=f"could not read {broken} as json"):
+        load(tmp_path, train_file=str(broken))
+
+
+def test_max_train_and_eval_samples_keep_the_first_examples(tmp_path: Path) -> None:
+    train, validation = example_rows(30, seed=1), example_rows(12, seed=2)
+    raw = load(tmp_path, train_file=str(write_rows(tmp_path / "train.jsonl", train)),
+               validation_file=str(write_rows(tmp_path / "validation.jsonl", validation)),
+               max_train_samples=7, max_eval_samples=5)
+    assert raw["train"]["text"] == [row["text"] for row in train[:7]]
+    assert raw["validation"]["text"] == [row["text"] for row in validation[:5]]
+    bigger = load(tmp_path, train_file=str(tmp_path / "train.jsonl"),
+                  validation_file=str(tmp_path / "validation.jsonl"), max_train_samples=1000)
+    assert len(bigger["train"]) == 30
+
+
+# ---- data: labels and tokenising ---------------------------------------------------------------
+
+def in_memory(train_labels: list, validation_labels: list, features: Features | None = None) -> DatasetDict:
+    def split(labels: list) -> Dataset:
+        texts = [" ".join(["good"] * (i % 5 + 1)) for i in range(len(labels))]
+        return Dataset.from_dict(dict(text=texts, label=labels), features=features)
+    return DatasetDict(train=split(train_labels), validation=split(validation_labels))
+
+
+def test_string_labels_are_sorted() -> None:
+    raw = in_memory(["pos", "neg", "neutral", "neg"], ["neg", "pos"])
+    assert label_names(raw, "label") == ["neg", "neutral", "pos"]
+
+
+def test_int_labels_are_sorted_as_numbers_then_named_as_strings() -> None:
+    raw = in_memory([10, 2, 0, 2], [0, 10])
+    assert label_names(raw, "label") == ["0", "2", "10"]
+
+
+def test_class_label_names_keep_their_order() -> None:
+    features = Features(text=Value("string"), label=ClassLabel(names=["pos", "neg", "neutral"]))
+    raw = in_memory([0, 1, 1], [2], features=features)  # "neutral" only in validation: still a class
+    assert label_names(raw, "label") == ["pos", "neg", "neutral"]
+
+
+def test_validation_labels_unseen_in_train_are_refused() -> None:
+    raw = in_memory(["neg", "pos"], ["pos", "meh", "awful"])
+    with pytest.raises(ConfigError, match=r"validation has labels not seen in train: \['awful', 'meh'\]"):
+        label_names(raw, "label")
+
+
+def test_empty_train_labels_are_refused() -> None:
+    raw = in_memory(["neg", None], ["neg"])
+    with pytest.raises(ConfigError, match="has empty values in the train split"):
+        label_names(raw, "label")
+
+
+def tokenized(raw: DatasetDict, max_seq_length: int = 512) -> tuple[DatasetDict, list[str]]:
+    names = label_names(raw, "label")
+    data_args = DataArguments(train_file="train.jsonl", max_seq_length=max_seq_length)
+    return tokenize_datasets(raw, smoke.build_tokenizer(), data_args, names), names
+
+
+def test_tokenize_maps_labels_to_ids_in_label_names_order() -> None:
+    raw = in_memory(["pos", "neg", "neutral", "neg"], ["neutral", "pos"])
+    data, names = tokenized(raw)
+    assert data["train"]["labels"] == [2, 0, 1, 0]
+    assert data["validation"]["labels"] == [1, 2]
+    assert [names[i] for i in data["train"]["labels"]] == raw["train"]["label"]
+    ints, _ = tokenized(in_memory([10, 2, 0], [2]))
+    assert ints["train"]["labels"] == [2, 1, 0]
+    features = Features(text=Value("string"), label=ClassLabel(names=["pos", "neg"]))
+    class_labels, _ = tokenized(in_memory([1, 0, 1], [0], features=features))
+    assert class_labels["train"]["labels"] == [1, 0, 1]
+
+
+def test_tokenize_keeps_only_model_inputs_and_records_each_length() -> None:
+    data, _ = tokenized(in_memory(["a", "b", "a", "b", "a"], ["a"]))
+    assert sorted(data["train"].column_names) == ["attention_mask", "input_ids", "labels", "length", "token_type_ids"]
+    # "good" x (i % 5 + 1) plus [CLS] and [SEP].
+    assert data["train"]["length"] == [3, 4, 5, 6, 7]
+    assert data["train"]["length"] == [len(ids) for ids in data["train"]["input_ids"]]
+
+
+def test_tokenize_truncates_at_max_seq_length() -> None:
+    tokenizer = smoke.build_tokenizer()
+    data, _ = tokenized(in_memory(["a", "b", "a", "b", "a"], ["a"]), max_seq_length=5)
+    assert data["train"]["length"] == [3, 4, 5, 5, 5]
+    assert [ids[-1] for ids in data["train"]["input_ids"]] == [tokenizer.sep_token_id] * 5
+
+
+# ---- data: collator ----------------------------------------------------------------------------
+
+def features_of_lengths(*lengths: int) -> list[dict]:
+    return [
+        dict(input_ids=[2, *range(5, 5 + n - 2), 3], attention_mask=[1] * n, token_type_ids=[0] * n,
+             labels=i % 2, length=n, sample_index=i)
+        for i, n in enumerate(lengths)
+    ]
+
+
+def test_collator_drops_helper_columns_and_pads_to_the_longest_in_the_batch() -> None:
+    tokenizer = smoke.build_tokenizer()
+    batch = build_collator(tokenizer, mixed_precision=False)(features_of_lengths(4, 10, 6))
+    assert sorted(batch) == ["attention_mask", "input_ids", "labels", "token_type_ids"]
+    assert batch["input_ids"].shape == (3, 10)
+    assert batch["attention_mask"].sum(dim=1).tolist() == [4, 10, 6]
+    assert batch["input_ids"][0, 4:].tolist() == [tokenizer.pad_token_id] * 6
+    assert batch["labels"].tolist() == [0, 1, 0]
+    short = build_collator(tokenizer, mixed_precision=False)(features_of_lengths(4, 5))
+    assert short["input_ids"].shape == (2, 5)  # dynamic: this batch's longest, not max_seq_length
+
+
+def test_collator_pads_to_a_multiple_of_8_only_under_mixed_precision() -> None:
+    tokenizer = smoke.build_tokenizer()
+    assert build_collator(tokenizer, mixed_precision=True)(features_of_lengths(4, 10))["input_ids"].shape == (2, 16)
+    assert build_collator(tokenizer, mixed_precision=True)(features_of_lengths(4, 16))["input_ids"].shape == (2, 16)
+    assert build_collator(tokenizer, mixed_precision=False)(features_of_lengths(4, 10))["input_ids"].shape == (2, 10)
+
+
+# ---- data: the length-grouped distributed sampler ----------------------------------------------
+
+BATCH = 4
+
+
+def lognormal_lengths(count: int, seed: int = 0) -> list[int]:
+    """Long-tailed like real reviews (and like the smoke data)."""
+    rng = random.Random(seed)
+    return [min(120, max(6, int(rng.lognormvariate(3.0, 0.7)))) for _ in range(count)]
+
+
+def shards(lengths: list[int], world_size: int, epoch: int = 0, seed: int = 1, **options) -> list[list[int]]:
+    """Each rank's indices, from a sampler built on its own, as every rank does."""
+    result = []
+    for rank in range(world_size):
+        sampler = DistributedLengthGroupedSampler(lengths, BATCH, num_replicas=world_size, rank=rank, seed=seed,
+                                                  **options)
+        sampler.set_epoch(epoch)
+        indices = list(sampler)
+        assert len(indices) == len(sampler)
+        result.append(indices)
+    return result
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_length_grouped_shards_partition_the_data_when_divisible(world_size: int) -> None:
+    lengths = lognormal_lengths(48)  # 48 is divisible by 1, 2, 3 and 4
+    for epoch in (0, 1):
+        per_rank = shards(lengths, world_size, epoch)
+        assert [len(shard) for shard in per_rank] == [48 // world_size] * world_size
+        assert sorted(i for shard in per_rank for i in shard) == list(range(48))  # disjoint and covering
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_length_grouped_shards_cover_everything_with_minimal_repeats_when_not_divisible(world_size: int) -> None:
+    lengths = lognormal_lengths(53)  # prime
+    per_rank = shards(lengths, world_size)
+    per_rank_len = -(-53 // world_size)
+    assert [len(shard) for shard in per_rank] == [per_rank_len] * world_size
+    everything = [i for shard in per_rank for i in shard]
+    assert set(everything) == set(range(53))
+    assert len(everything) - 53 == per_rank_len * world_size - 53  # only the padding repeats
+    dropped = shards(lengths, world_size, drop_last=True)
+    assert [len(shard) for shard in dropped] == [53 // world_size] * world_size
+    flat = [i for shard in dropped for i in shard]
+    assert len(set(flat)) == len(flat) == 53 - 53 % world_size
+
+
+def test_length_grouped_order_is_the_same_on_every_rank_and_steps_line_up() -> None:
+    lengths = lognormal_lengths(64)
+    per_rank = shards(lengths, 2, epoch=3)
+    assert per_rank == shards(lengths, 2, epoch=3)  # rebuilt from scratch: identical
+    # Step k on each rank is its slice of one length-sorted global batch: rank 0's shortest is at
+    # least rank 1's longest, so the ranks meet at the all-reduce with similar work.
+    for step in range(0, len(per_rank[0]), BATCH):
+        rank0, rank1 = ([lengths[i] for i in shard[step:step + BATCH]] for shard in per_rank)
+        assert min(rank0) >= max(rank1)
+
+
+def test_length_grouped_first_step_holds_the_longest_example() -> None:
+    lengths = lognormal_lengths(64)
+    assert lengths[shards(lengths, 2)[0][0]] == max(lengths)
+
+
+def test_set_epoch_and_seed_change_the_order() -> None:
+    lengths = lognormal_lengths(64)
+    assert shards(lengths, 2, epoch=0) != shards(lengths, 2, epoch=1)
+    assert shards(lengths, 2, epoch=0, seed=1) != shards(lengths, 2, epoch=0, seed=2)
+
+
+def padding_fraction(lengths: list[int], batches: list[list[int]]) -> float:
+    padded = sum(max(lengths[i] for i in batch) * len(batch) for batch in batches)
+    return 1 - sum(lengths[i] for batch in batches for i in batch) / padded
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_length_grouped_batches_pad_far_less_than_random_ones(world_size: int) -> None:
+    lengths = lognormal_lengths(1000)
+    grouped = [shard[i:i + BATCH] for shard in shards(lengths, world_size) for i in range(0, len(shard), BATCH)]
+    order = torch.randperm(1000, generator=torch.Generator().manual_seed(1)).tolist()
+    shuffled = [order[i:i + BATCH] for i in range(0, 1000, BATCH)]
+    assert padding_fraction(lengths, shuffled) > 0.3
+    assert padding_fraction(lengths, grouped) < 0.1
+
+
+def test_sampler_refuses_a_rank_outside_the_world() -> None:
+    with pytest.raises(ValueError, match=r"rank 2 is outside \[0, 2\)"):
+        DistributedLengthGroupedSampler([5] * 8, BATCH, num_replicas=2, rank=2)
+
+
+# ---- metrics -----------------------------------------------------------------------------------
+
+def test_metrics_match_a_hand_computed_example() -> None:
+    labels = np.array([0, 0, 1, 1, 2, 2])
+    predictions = np.array([0, 1, 1, 1, 0, 0])  # class 2 never predicted; class 3 absent from both
+    metrics = classification_metrics(predictions, labels, num_labels=4)
+    # accuracy 3/6. F1 = 2 TP / (predicted + actual): class 0 2/5, class 1 4/5, class 2 0/2;
+    # class 3 appears nowhere and does not count, so macro-F1 = (0.4 + 0.8 + 0) / 3.
+    assert metrics["accuracy"] == pytest.approx(0.5)
+    assert metrics["f1_macro"] == pytest.approx(0.4)
+    assert metrics["num_examples"] == 6
+
+
+def test_metrics_flatten_their_inputs_and_handle_no_examples() -> None:
+    assert classification_metrics(np.array([[1], [0]]), np.array([[1], [1]]), 2)["accuracy"] == pytest.approx(0.5)
+    assert classification_metrics(np.array([]), np.array([]), 2) == dict(accuracy=0.0, f1_macro=0.0, num_examples=0)
+
+
+def test_write_metrics_writes_sorted_json(tmp_path: Path) -> None:
+    path = write_metrics(str(tmp_path / "new" / "dir"), dict(f1_macro=0.4, accuracy=0.5, num_examples=6))
+    assert path == tmp_path / "new" / "dir" / "metrics.json"
+    text = path.read_text()
+    assert text.endswith("\n")
+    assert list(json.loads(text)) == ["accuracy", "f1_macro", "num_examples"]
+    assert json.loads(text)["num_examples"] == 6
+
+
+# ---- modeling ----------------------------------------------------------------------------------
+
+def test_load_model_names_the_labels_and_keeps_a_head_of_the_same_size(smoke_assets: Path) -> None:
+    folder = smoke_assets / "tiny-bert"
+    model = load_model(ModelArguments(model_name_or_path=str(folder)), ["negative", "positive"])
+    assert model.config.num_labels == 2
+    assert model.config.id2label == dict(enumerate(["negative", "positive"]))
+    assert model.config.label2id == dict(negative=0, positive=1)
+    saved = load_file(folder / "model.safetensors")
+    assert torch.equal(model.classifier.weight, saved["classifier.weight"])
+
+
+def test_checkpoint_with_another_label_count_gets_a_fresh_head_of_the_right_size(smoke_assets: Path) -> None:
+    folder = smoke_assets / "tiny-bert"
+    model = load_model(ModelArguments(model_name_or_path=str(folder)), ["a", "b", "c"])
+    assert model.classifier.out_features == 3
+    assert model.classifier.weight.shape == (3, 64)
+    assert model.config.id2label == dict(enumerate(["a", "b", "c"]))
+    saved = load_file(folder / "model.safetensors")
+    assert torch.equal(model.bert.embeddings.word_embeddings.weight, saved["bert.embeddings.word_embeddings.weight"])
+
+
+def test_loaded_model_does_not_accept_loss_kwargs(smoke_assets: Path) -> None:
+    """The Trainer must not believe the model averages the loss over num_items_in_batch itself.
+
+    BERT's classification head takes **kwargs but ignores num_items_in_batch and returns a per-batch
+    mean. With accepts_loss_kwargs True the Trainer would multiply that loss (and the gradients) by
+    the world size under DDP and skip dividing by the gradient-accumulation steps.
+    """
+    model = load_model(ModelArguments(model_name_or_path=str(smoke_assets / "tiny-bert")), ["neg", "pos"])
+    assert model.accepts_loss_kwargs is False
+
+
+def test_load_tokenizer_from_the_folder_or_tokenizer_name(smoke_assets: Path, tmp_path: Path) -> None:
+    folder = str(smoke_assets / "tiny-bert")
+    tokenizer = load_tokenizer(ModelArguments(model_name_or_path=folder))
+    reference = smoke.build_tokenizer()
+    assert len(tokenizer) == len(reference)
+    assert tokenizer("good movie")["input_ids"] == reference("good movie")["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(tokenizer("good movie")["input_ids"]) == ["[CLS]", "good", "movie", "[SEP]"]
+    assert tokenizer.model_max_length == 128
+    elsewhere = load_tokenizer(ModelArguments(model_name_or_path=str(tmp_path / "missing"), tokenizer_name=folder))
+    assert len(elsewhere) == len(reference)
+
+
+@pytest.mark.parametrize("loader", [load_model, load_tokenizer], ids=["model", "tokenizer"])
+def test_missing_model_path_is_refused(tmp_path: Path, loader) -> None:
+    missing = str(tmp_path / "no-such-model")
+    args = ModelArguments(model_name_or_path=missing)
+    call = (lambda: loader(args, ["a", "b"])) if loader is load_model else (lambda: loader(args))
+    with pytest.raises(ConfigError, match=f"--model_name_or_path '{missing}' could not be loaded.*Offline?"):
+        call()
+
+
+def test_missing_smoke_assets_message_says_how_to_create_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a repo where someone ran the smoke module would have the folder
+    with pytest.raises(ConfigError, match=f"Create the smoke assets first: python -m {PACKAGE}.smoke"):
+        load_model(ModelArguments(model_name_or_path="smoke_assets/tiny-bert"), ["a", "b"])
+    with pytest.raises(ConfigError, match=f"python -m {PACKAGE}.smoke"):
+        load_tokenizer(ModelArguments(model_name_or_path="smoke_assets/tiny-bert"))
+
+
+def test_missing_smoke_assets_hint_also_for_a_dotted_or_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in ("./smoke_assets/tiny-bert", str(tmp_path / "smoke_assets" / "tiny-bert")):
+        with pytest.raises(ConfigError, match=f"python -m {PACKAGE}.smoke"):
+            load_model(ModelArguments(model_name_or_path=name), ["a", "b"])
+
+
+# ---- smoke assets ------------------------------------------------------------------------------
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_make_smoke_assets_is_deterministic(tmp_path: Path) -> None:
+    first, second = smoke.make_smoke_assets(tmp_path / "a"), smoke.make_smoke_assets(tmp_path / "b")
+    files = sorted(str(p.relative_to(first)) for p in first.rglob("*") if p.is_file())
+    assert {"train.jsonl", "validation.jsonl", "tiny-bert/config.json", "tiny-bert/model.safetensors"} <= set(files)
+    assert files == sorted(str(p.relative_to(second)) for p in second.rglob("*") if p.is_file())
+    for name in files:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    weights_a, weights_b = (load_file(d / "tiny-bert" / "model.safetensors") for d in (first, second))
+    assert all(torch.equal(weights_a[key], weights_b[key]) for key in weights_a)
+    other_seed = smoke.make_smoke_assets(tmp_path / "c", seed=1)
+    assert (other_seed / "train.jsonl").read_bytes() != (first / "train.jsonl").read_bytes()
+
+
+def test_smoke_data_sizes_and_label_balance(tmp_path: Path) -> None:
+    assets = smoke.make_smoke_assets(tmp_path)
+    train, validation = read_jsonl(assets / "train.jsonl"), read_jsonl(assets / "validation.jsonl")
+    assert (len(train), len(validation)) == (512, 101)  # odd eval size on purpose
+    for rows in (train, validation):
+        assert {row["label"] for row in rows} == {"negative", "positive"}
+        assert 0.4 < sum(row["label"] == "positive" for row in rows) / len(rows) < 0.6
+    lengths = sorted(len(row["text"].split()) for row in train)
+    assert lengths[0] >= 6 and lengths[-1] <= 120
+    assert lengths[-1] > 4 * lengths[len(lengths) // 2]  # long-tailed, so length grouping matters
+
+
+def test_smoke_texts_are_learnable_and_fully_in_vocabulary(tmp_path: Path) -> None:
+    assets = smoke.make_smoke_assets(tmp_path)
+    validation = read_jsonl(assets / "validation.jsonl")
+    positive, negative = set(smoke.POSITIVE), set(smoke.NEGATIVE)
+
+    def rule(text: str) -> str:
+        words = text.split()
+        return "positive" if sum(w in positive for w in words) > sum(w in negative for w in words) else "negative"
+
+    accuracy = sum(rule(row["text"]) == row["label"] for row in validation) / len(validation)
+    assert accuracy > 0.9
+    tokenizer = smoke.build_tokenizer()
+    ids = tokenizer([row["text"] for row in validation])["input_ids"]
+    assert all(tokenizer.unk_token_id not in row for row in ids)
+
+
+def test_conftest_smoke_assets_match_the_shared_sizes(smoke_assets: Path) -> None:
+    assert len(read_jsonl(smoke_assets / "train.jsonl")) == TRAIN_SIZE
+    assert len(read_jsonl(smoke_assets / "validation.jsonl")) == EVAL_SIZE
+
