@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 import urllib.parse
 from collections.abc import Mapping
@@ -92,9 +93,22 @@ def keep_chosen_files(project: Path, answers: Mapping[str, object]) -> None:
         (project / path).unlink()
 
 
+# Tool caches that running ruff or pytest inside the template folder leaves behind.
+CACHE_DIRS = ("__pycache__", ".ruff_cache", ".pytest_cache", ".mypy_cache")
+
+
+def remove_tool_caches(project: Path) -> None:
+    for name in CACHE_DIRS:
+        for cache in sorted(project.rglob(name), reverse=True):
+            if cache.is_dir():
+                shutil.rmtree(cache)
+
+
 def set_run_bits(project: Path) -> None:
     for pattern in EXECUTABLE_PATTERNS:
         for script in project.glob(pattern):
+            if script.name.startswith("_"):
+                continue  # sourced by the other scripts, never run
             mode = script.stat().st_mode
             script.chmod(mode | (mode & 0o444) >> 2)  # x wherever r is set
 
@@ -174,6 +188,7 @@ def load_answers() -> dict[str, object]:
 
 
 def finish_project(project: Path, answers: Mapping[str, object]) -> None:
+    remove_tool_caches(project)
     keep_chosen_files(project, answers)
     set_run_bits(project)
     unrendered = find_unrendered(project, answers)

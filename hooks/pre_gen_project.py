@@ -89,10 +89,7 @@ SLUG_ACCEPTED = (
     "use lowercase letters, digits and single '-', starting with a letter,"
     " e.g. text-classifier"
 )
-PACKAGE_ACCEPTED = (
-    "use a lowercase identifier ([a-z_][a-z0-9_]*), not a keyword or module name,"
-    " e.g. text_classifier"
-)
+PACKAGE_ACCEPTED = "use another lowercase identifier, e.g. text_classifier"
 HUB_ID_OR_PATH_ACCEPTED = (
     "use a Hub id (org/name) or a local path (./models/x)"
     " of letters, digits and . _ - /"
@@ -176,7 +173,7 @@ def check_package_name(value: object) -> str | None:
     elif keyword.iskeyword(value):
         wrong = f"{show(value)} is a Python keyword"
     elif value in SHADOWED_MODULES or value in sys.stdlib_module_names:
-        wrong = f"{show(value)} would shadow the module of the same name"
+        wrong = f"{show(value)} would shadow an installed module"
     else:
         return None
     return f"{wrong}; {PACKAGE_ACCEPTED}"
@@ -479,7 +476,10 @@ def main(argv: list[str]) -> int:
     if problem is None:
         return 0
     variable, message = problem
-    print(f"ERROR: {variable}: {message}", file=sys.stderr)
+    line = f"ERROR: {variable}: {message}"
+    if sys.stderr.isatty() and "NO_COLOR" not in os.environ:
+        line = f"\x1b[1;31m{line}\x1b[0m"  # bold red: cookiecutter's traceback follows it
+    print(line, file=sys.stderr)
     schedule_removal_of_new_parents(answers)
     return 1
 

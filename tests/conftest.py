@@ -83,3 +83,11 @@ def render(
         return Path(project)
 
     return render_template
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "rendered_suite: runs a rendered project's own test suite (real torchrun,"
+        " minutes); leave out with -m 'not rendered_suite'",
+    )

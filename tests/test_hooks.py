@@ -305,7 +305,7 @@ def test_main_prints_exactly_one_error_line_and_returns_1(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.splitlines() == [
-        "ERROR: package_name: 'torch' would shadow the module of the same name; "
+        "ERROR: package_name: 'torch' would shadow an installed module; "
         + pre_gen.PACKAGE_ACCEPTED
     ]
 
@@ -626,15 +626,14 @@ def test_train_py_and_probe_are_the_chosen_loop(rendered, default_answers):
         assert (project / rendered_path).read_text(encoding="utf-8") == expected
 
 
-def test_scripts_are_executable(rendered):
+def test_launch_scripts_are_executable_and_the_sourced_helper_is_not(rendered):
     _, _, project = rendered
     scripts = [*project.glob("scripts/*.sh"), *project.glob("scripts/*.sbatch")]
-    assert scripts
+    run_bits = stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
     for script in scripts:
-        mode = script.stat().st_mode
-        assert mode & (stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH) == (
-            stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
-        ), script.name
+        expected = 0 if script.name == "_common.sh" else run_bits
+        assert script.stat().st_mode & run_bits == expected, script.name
+    assert {script.name for script in scripts} >= {"_common.sh", "train_single_node.sh"}
 
 
 def test_recorded_answers_are_the_answers_without_local_paths(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -43,12 +44,28 @@ def run_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """Start a launcher in its own process group, so a timeout can stop its workers too."""
+    return subprocess.Popen(
+        command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )
+
+
+def finish(process: subprocess.Popen, timeout: int = 300) -> subprocess.CompletedProcess:
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"{process.args[:4]} timed out after {timeout}s:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
 def torchrun(args: list[str], nproc: int = 2, timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess:
     """Launch with torchrun itself; --standalone gives every run its own free port."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
-    result = subprocess.run(
-        command, cwd=REPO_ROOT, env=run_env(), capture_output=True, text=True, timeout=timeout
-    )
+    result = finish(start(command, run_env()), timeout)
     if check and result.returncode != 0:
         pytest.fail(f"torchrun exited {result.returncode}:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
     return result

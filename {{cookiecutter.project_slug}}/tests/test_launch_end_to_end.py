@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 from pathlib import Path
 
-from conftest import EVAL_SIZE, REPO_ROOT, run_env, smoke_flags
+from conftest import EVAL_SIZE, REPO_ROOT, finish, run_env, smoke_flags, start
 
 SCRIPTS = REPO_ROOT / "scripts"
 
@@ -24,10 +23,7 @@ def read_metrics(output_dir: Path) -> dict:
 
 def test_single_node_script_trains_with_two_processes(smoke_assets: Path, tmp_path: Path) -> None:
     flags = [*smoke_flags(smoke_assets, tmp_path), "--num_train_epochs", "1", "--save_strategy", "no"]
-    result = subprocess.run(
-        [str(SCRIPTS / "train_single_node.sh"), *flags],
-        cwd=REPO_ROOT, env=run_env(NPROC_PER_NODE="2"), capture_output=True, text=True, timeout=300,
-    )
+    result = finish(start([str(SCRIPTS / "train_single_node.sh"), *flags], run_env(NPROC_PER_NODE="2")))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "world size 2" in result.stdout
     assert read_metrics(tmp_path)["eval_num_examples"] == EVAL_SIZE
@@ -36,15 +32,10 @@ def test_single_node_script_trains_with_two_processes(smoke_assets: Path, tmp_pa
 def test_multi_node_script_runs_as_two_local_nodes(smoke_assets: Path, tmp_path: Path) -> None:
     flags = [*smoke_flags(smoke_assets, tmp_path), "--num_train_epochs", "1", "--save_strategy", "no"]
     env = run_env(NNODES="2", NPROC_PER_NODE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    nodes = [
-        subprocess.Popen(
-            [str(SCRIPTS / "train_multi_node.sh"), *flags],
-            cwd=REPO_ROOT, env={**env, "NODE_RANK": str(rank)},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        for rank in (0, 1)
-    ]
-    outputs = [node.communicate(timeout=300)[0] for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(output[-3000:] for output in outputs)
-    assert "world size 2" in outputs[0]
+    nodes = [start([str(SCRIPTS / "train_multi_node.sh"), *flags], {**env, "NODE_RANK": str(rank)}) for rank in (0, 1)]
+    results = [finish(node) for node in nodes]
+    assert [result.returncode for result in results] == [0, 0], "\n".join(
+        result.stdout[-2000:] + result.stderr[-2000:] for result in results
+    )
+    assert "world size 2" in results[0].stdout
     assert read_metrics(tmp_path)["eval_num_examples"] == EVAL_SIZE

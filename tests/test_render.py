@@ -1,0 +1,414 @@
+"""Every supported combination renders a clean project; unsupported ones are refused.
+
+Supported: the full product of the choice and boolean variables, training_loop x
+include_slurm x mixed_precision (2 x 2 x 4 = 16), each rendered once per session with
+the same non-default name, model, dataset and columns, so nothing can pass by being
+the default. Each render gets the exact file set, run bits, no template leftovers,
+ruff, ``bash -n`` and shellcheck, TOML/YAML parsing, and the recorded answers.
+
+Unsupported: ``UNSUPPORTED`` below, each refused with its one ERROR line.
+
+Re-rendering from the recorded answers is tested in test_hooks.py
+(``test_replaying_recorded_answers_reproduces_the_same_files``, API, bytes and modes;
+``test_command_line_accepts_the_recorded_answers_as_replay_file``, CLI), not here.
+
+The two ``rendered_suite`` tests run a rendered project's own tests (real torchrun,
+minutes); ``pytest -m "not rendered_suite"`` leaves them out.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+import yaml
+from cookiecutter.exceptions import FailedHookException
+from test_hooks import cookiecutter_json, error_lines, pre_gen
+
+# Answers shared by every render; slug and package name are left to derive.
+BASE_ANSWERS = {
+    "project_name": "Review Sentiment",
+    "description": "Sentiment of product reviews, trained with DDP.",
+    "model_name_or_path": "distilbert/distilbert-base-uncased",
+    "dataset_name": "stanfordnlp/sst2",
+    "text_column": "sentence",
+    "label_column": "sentiment",
+}
+SLUG = "review-sentiment"
+PACKAGE = "review_sentiment"
+
+
+class Combination(NamedTuple):
+    training_loop: str
+    include_slurm: bool
+    mixed_precision: str
+
+    @property
+    def id(self) -> str:
+        slurm = "slurm" if self.include_slurm else "no-slurm"
+        return f"{self.training_loop}-{slurm}-{self.mixed_precision}"
+
+    @property
+    def answers(self) -> dict[str, object]:
+        return {**BASE_ANSWERS, **self._asdict()}
+
+
+SUPPORTED = [
+    Combination(*values)
+    for values in itertools.product(
+        ["trainer", "native"], [True, False], ["auto", "bf16", "fp16", "no"]
+    )
+]
+# One render per distinct repo (slurm only removes a file; precision only edits YAML).
+SUITE_RUNS = [
+    Combination("trainer", True, "auto"),
+    Combination("native", False, "auto"),
+]
+
+
+def combination_params(combinations: list[Combination]) -> list:
+    return [pytest.param(combo, id=combo.id) for combo in combinations]
+
+
+# --- The exact files of each combination ---------------------------------------------
+
+COMMON_FILES = {
+    ".cookiecutter.json",
+    ".github/workflows/tests.yml",
+    ".gitignore",
+    "README.md",
+    "configs/default.yaml",
+    "configs/smoke.yaml",
+    "logs/.gitkeep",
+    "pyproject.toml",
+    "scripts/_common.sh",
+    "scripts/train_multi_node.sh",
+    "scripts/train_single_node.sh",
+    f"src/{PACKAGE}/__init__.py",
+    f"src/{PACKAGE}/config.py",
+    f"src/{PACKAGE}/data.py",
+    f"src/{PACKAGE}/distributed.py",
+    f"src/{PACKAGE}/metrics.py",
+    f"src/{PACKAGE}/modeling.py",
+    f"src/{PACKAGE}/smoke.py",
+    f"src/{PACKAGE}/train.py",  # train_<loop>.py, renamed by post-gen
+    "tests/conftest.py",
+    "tests/ddp_probe.py",  # ddp_probe_<loop>.py, renamed by post-gen
+    "tests/test_ddp.py",
+    "tests/test_launch_end_to_end.py",
+    "tests/test_scripts.py",
+    "tests/test_units.py",
+}
+NATIVE_ONLY_FILES = {"tests/test_native_loop.py"}
+SLURM_ONLY_FILES = {"scripts/train_slurm.sbatch"}
+LAUNCHERS = {"scripts/train_single_node.sh", "scripts/train_multi_node.sh"}
+
+
+def expected_files(combo: Combination) -> set[str]:
+    files = set(COMMON_FILES)
+    if combo.training_loop == "native":
+        files |= NATIVE_ONLY_FILES
+    if combo.include_slurm:
+        files |= SLURM_ONLY_FILES
+    return files
+
+
+def relative_files(root: Path) -> set[str]:
+    return {
+        path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file()
+    }
+
+
+# --- One render per combination per session -------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def rendered(render, tmp_path_factory) -> Callable[[Combination], Path]:
+    """``rendered(combo)``: the project folder, rendered on first use only."""
+    projects: dict[Combination, Path] = {}
+
+    def project_for(combo: Combination) -> Path:
+        if combo not in projects:
+            output_dir = tmp_path_factory.mktemp(combo.id)
+            projects[combo] = render(output_dir, combo.answers)
+        return projects[combo]
+
+    return project_for
+
+
+def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command, cwd=cwd, capture_output=True, text=True, check=False, timeout=120
+    )
+
+
+def test_supported_combinations_are_every_choice_product(default_answers):
+    config = cookiecutter_json()
+    assert isinstance(config["include_slurm"], bool)
+    every_product = set(
+        itertools.product(
+            config["training_loop"], [True, False], config["mixed_precision"]
+        )
+    )
+    assert set(SUPPORTED) == every_product
+    for combo in SUPPORTED:
+        answers = {
+            **default_answers,
+            **combo.answers,
+            "project_slug": SLUG,
+            "package_name": PACKAGE,
+        }
+        assert pre_gen.find_first_problem(answers) is None, combo.id
+
+
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED))
+def test_render_has_exactly_the_expected_files(rendered, combo):
+    project = rendered(combo)
+    assert project.name == SLUG
+    files = relative_files(project)
+    expected = expected_files(combo)
+    assert files == expected, (
+        f"unexpected: {sorted(files - expected)}; missing: {sorted(expected - files)}"
+    )
+
+
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED))
+def test_launch_scripts_are_executable_and_nothing_else_outside_scripts(
+    rendered, combo
+):
+    project = rendered(combo)
+    run_bits = stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
+    executable = {
+        name
+        for name in relative_files(project)
+        if (project / name).stat().st_mode & run_bits
+    }
+    launchers = LAUNCHERS | (SLURM_ONLY_FILES if combo.include_slurm else set())
+    for name in launchers:
+        assert (project / name).stat().st_mode & run_bits == run_bits, name
+    assert {name for name in executable if not name.startswith("scripts/")} == set()
+
+
+# Unrendered Jinja: an expression or block naming cookiecutter, any block tag, or a
+# cookiecutter.<variable> reference (".cookiecutter.json" and "cookiecutter.json"
+# are file names, not leftovers).
+LEFTOVER_RE = re.compile(
+    r"\{\{-?\s*cookiecutter|\{%|(?<![\w.])cookiecutter\.(?!json\b)\w"
+)
+
+
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED))
+def test_no_unrendered_template_text(rendered, combo):
+    project = rendered(combo)
+    found = {}
+    for name in sorted(relative_files(project)):
+        try:
+            text = (project / name).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue  # not a rendered text file; the exact file set flags it
+        for number, line in enumerate(text.splitlines(), start=1):
+            if LEFTOVER_RE.search(line):
+                found[f"{name}:{number}"] = line.strip()
+    assert found == {}
+
+
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED))
+def test_python_is_ruff_clean_with_the_projects_own_config(rendered, combo):
+    project = rendered(combo)
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text(encoding="utf-8"))
+    assert pyproject["tool"]["ruff"]["lint"]["isort"]["known-first-party"] == [PACKAGE]
+    # Run from the project root so ruff finds its pyproject.toml and nothing above it.
+    result = run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], project)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED))
+def test_scripts_pass_bash_n_and_shellcheck(rendered, combo):
+    project = rendered(combo)
+    scripts = sorted(
+        path.relative_to(project).as_posix()
+        for pattern in ("scripts/*.sh", "scripts/*.sbatch")
+        for path in project.glob(pattern)
+    )
+    assert set(scripts) == {
+        name for name in expected_files(combo) if name.startswith("scripts/")
+    }
+    for script in scripts:
+        result = run(["bash", "-n", script], project)
+        assert result.returncode == 0, f"{script}: {result.stderr}"
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "shellcheck is missing: pip install -r requirements-dev.txt"
+    result = run([shellcheck, "-x", *scripts], project)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED))
+def test_pyproject_parses_and_names_the_project(rendered, combo):
+    project = rendered(combo)
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text(encoding="utf-8"))
+    assert pyproject["project"]["name"] == SLUG
+    assert pyproject["project"]["description"] == BASE_ANSWERS["description"]
+
+
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED))
+def test_configs_parse_and_default_yaml_holds_the_answers(rendered, combo):
+    project = rendered(combo)
+    configs = {
+        path.name: yaml.safe_load(path.read_text(encoding="utf-8"))
+        for path in sorted((project / "configs").glob("*.yaml"))
+    }
+    assert set(configs) == {"default.yaml", "smoke.yaml"}
+    assert all(isinstance(config, dict) for config in configs.values())
+    answer_keys = [
+        "model_name_or_path",
+        "dataset_name",
+        "text_column",
+        "label_column",
+        "mixed_precision",
+    ]
+    default = configs["default.yaml"]
+    assert {key: default[key] for key in answer_keys} == {
+        key: combo.answers[key] for key in answer_keys
+    }
+
+
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED))
+def test_recorded_answers_are_the_answers(rendered, combo, default_answers):
+    project = rendered(combo)
+    recorded = json.loads((project / ".cookiecutter.json").read_text(encoding="utf-8"))
+    assert recorded == {
+        "cookiecutter": {
+            **default_answers,
+            **combo.answers,
+            "project_slug": SLUG,
+            "package_name": PACKAGE,
+        }
+    }
+
+
+def test_sbatch_requests_gpus_when_nproc_per_node_is_a_number(render, tmp_path):
+    # The one {% if %} in the template: 'auto' leaves the request commented out.
+    project = render(tmp_path, {"include_slurm": True, "nproc_per_node": "4"})
+    sbatch = project / "scripts" / "train_slurm.sbatch"
+    lines = sbatch.read_text(encoding="utf-8").splitlines()
+    assert "#SBATCH --gpus-per-node=4" in lines
+    result = run(["bash", "-n", str(sbatch)], project)
+    assert result.returncode == 0, result.stderr
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "shellcheck is missing: pip install -r requirements-dev.txt"
+    result = run([shellcheck, "-x", "scripts/train_slurm.sbatch"], project)
+    assert result.returncode == 0, result.stdout
+
+
+# --- Unsupported combinations -----------------------------------------------------------
+
+# Answers that are each fine alone (or derived from a fine answer) but not together:
+# (answers, variable named by the ERROR line, start of its message).
+UNSUPPORTED = {
+    "text-column-is-label-column": (
+        {"text_column": "review", "label_column": "review"},
+        "label_column",
+        "is the same column as text_column ('review');",
+    ),
+    "project-name-digit-first-derives-bad-slug": (
+        {"project_name": "2024 Reviews"},
+        "project_slug",
+        "'2024-reviews' starts with a digit",
+    ),
+    "project-name-derives-package-shadowing-torch": (
+        {"project_name": "Torch"},
+        "package_name",
+        "'torch' would shadow an installed module;",
+    ),
+    "project-name-derives-keyword-package": (
+        {"project_name": "Class"},
+        "package_name",
+        "'class' is a Python keyword;",
+    ),
+    "slug-derives-package-shadowing-test": (
+        {"project_slug": "test"},
+        "package_name",
+        "'test' would shadow an installed module;",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("answers", "variable", "message"),
+    [pytest.param(*case, id=name) for name, case in UNSUPPORTED.items()],
+)
+def test_unsupported_combination_is_refused_with_its_error_line(
+    render, tmp_path, capfd, answers, variable, message
+):
+    output_dir = tmp_path / "out"
+    output_dir.mkdir()
+    with pytest.raises(FailedHookException):
+        render(output_dir, answers)
+    lines = error_lines(capfd.readouterr().err)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"ERROR: {variable}: {message}"), lines[0]
+    assert list(output_dir.iterdir()) == []
+
+
+def test_project_name_without_letters_or_digits_gets_a_generic_slug(render, tmp_path):
+    # "!!!" slugifies to ""; the slug default falls back to "project" rather than to the
+    # output folder itself.
+    project = render(tmp_path, {"project_name": "!!!"})
+    assert project.name == "project"
+    assert (project / "src" / "project" / "train.py").is_file()
+
+
+# --- Each distinct rendered repo passes its own test suite -----------------------------
+
+SUMMARY_RE = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)\b")
+
+
+def summary_counts(output: str) -> dict[str, int]:
+    """Counts from pytest's last summary line ('3 passed, 1 skipped in 9.1s')."""
+    summaries = [
+        line for line in output.splitlines() if re.search(r" in [\d.]+s\b", line)
+    ]
+    assert summaries, f"no pytest summary line in:\n{output[-3000:]}"
+    counts = {"passed": 0, "failed": 0, "errors": 0}
+    for number, outcome in SUMMARY_RE.findall(summaries[-1]):
+        key = "errors" if outcome.startswith("error") else outcome
+        counts[key] = int(number)
+    return counts
+
+
+@pytest.mark.rendered_suite
+@pytest.mark.parametrize("combo", combination_params(SUITE_RUNS))
+def test_rendered_repo_passes_its_own_test_suite(rendered, combo, tmp_path):
+    # A copy, so the run's caches and outputs never reach the shared render.
+    project = Path(shutil.copytree(rendered(combo), tmp_path / SLUG))
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in {"PYTHONPATH", "PYTEST_ADDOPTS", "PYTEST_PLUGINS"}
+    }
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
+    output = result.stdout + result.stderr
+    counts = summary_counts(result.stdout)
+    assert result.returncode == 0, output[-6000:]
+    assert counts["failed"] == 0 and counts["errors"] == 0, counts
+    assert counts["passed"] > 0, counts
