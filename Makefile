@@ -22,7 +22,7 @@ smoke: $(BIN)/.installed
 	cd $(SMOKE_DIR)/text-classifier && PATH="$(CURDIR)/$(BIN):$$PATH" NPROC_PER_NODE=2 scripts/train_single_node.sh configs/smoke.yaml --disable_tqdm true
 	cat $(SMOKE_DIR)/text-classifier/outputs/smoke/metrics.json
 
-test: $(BIN)/.installed
+test: lint
 	$(BIN)/python -m pytest tests
 
 test-fast: $(BIN)/.installed

@@ -64,6 +64,7 @@ def main() -> None:
     (probe_dir / f"rank{rank}.json").write_text(json.dumps(record))
     state = {name: tensor.detach().cpu().contiguous().clone() for name, tensor in trainer.model.state_dict().items()}
     save_file(state, probe_dir / f"rank{rank}.safetensors")
+    train.release(trainer)
 
 
 if __name__ == "__main__":

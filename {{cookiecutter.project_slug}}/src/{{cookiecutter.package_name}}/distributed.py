@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -158,6 +159,13 @@ def setup_distributed(use_cpu: bool, backend: str | None, timeout_seconds: int) 
 
 
 def cleanup_distributed() -> None:
+    """Destroy the process group once nothing holds it any more.
+
+    DDP keeps the group alive through reference cycles; freed only at interpreter exit, after the
+    group, gloo's threads can abort the process ("terminate called without an active exception").
+    Callers drop their DDP wrappers first; the collection here frees the cycles.
+    """
+    gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -185,6 +193,12 @@ def setup_or_adopt_distributed(use_cpu: bool, backend: str | None, timeout_secon
     else:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-    # Public API has no setter for this; _set_pg_timeout is torch's own helper for exactly this.
-    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_seconds))
+    set_process_group_timeout(timeout_seconds)
     return DistributedEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def set_process_group_timeout(timeout_seconds: int) -> None:
+    """Apply --ddp_timeout to a group that accelerate started (on CPU it passes no timeout)."""
+    if dist.is_available() and dist.is_initialized():
+        # No public setter exists; _set_pg_timeout is torch's own helper for exactly this.
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_seconds))

@@ -20,7 +20,12 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from .config import ConfigError, DataArguments, ModelArguments, TrainingArguments, parse_args
 from .data import build_collator, label_names, load_raw_datasets, tokenize_datasets
-from .distributed import assert_gradients_synchronised, check_really_distributed
+from .distributed import (
+    assert_gradients_synchronised,
+    check_really_distributed,
+    cleanup_distributed,
+    set_process_group_timeout,
+)
 from .metrics import classification_metrics, write_metrics
 from .modeling import load_model, load_tokenizer
 
@@ -100,6 +105,7 @@ def find_resume_checkpoint(training_args: TrainingArguments) -> str | None:
 def prepare_run(training_args: TrainingArguments) -> None:
     setup_logging(training_args)
     check_really_distributed(training_args.world_size)
+    set_process_group_timeout(training_args.ddp_timeout)
     logger.info(
         "world size %d, device %s, backend %s, precision %s",
         training_args.world_size,
@@ -135,12 +141,20 @@ def run(model_args: ModelArguments, data_args: DataArguments, training_args: Tra
     return trainer
 
 
+def release(trainer: Trainer) -> None:
+    """Drop the Trainer's DDP wrapper, then the process group, so every rank exits cleanly."""
+    trainer.accelerator.free_memory()
+    trainer.model_wrapped = trainer.model
+    cleanup_distributed()
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
-        run(*parse_args(argv))
+        trainer = run(*parse_args(argv))
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    release(trainer)
 
 
 if __name__ == "__main__":
