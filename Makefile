@@ -5,6 +5,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# The venv's tools (python, shellcheck, cookiecutter) first, also for the scripts the tests start.
+export PATH := $(CURDIR)/$(BIN):$(PATH)
 SMOKE_DIR ?= build/smoke
 
 .PHONY: smoke test test-fast lint bench clean
@@ -18,8 +20,8 @@ $(BIN)/.installed: requirements-dev.txt
 smoke: $(BIN)/.installed
 	rm -rf $(SMOKE_DIR)
 	$(BIN)/cookiecutter --no-input . -o $(SMOKE_DIR)
-	cd $(SMOKE_DIR)/text-classifier && PYTHONPATH=src ../../../$(BIN)/python -m text_classifier.smoke
-	cd $(SMOKE_DIR)/text-classifier && PATH="$(CURDIR)/$(BIN):$$PATH" NPROC_PER_NODE=2 scripts/train_single_node.sh configs/smoke.yaml --disable_tqdm true
+	cd $(SMOKE_DIR)/text-classifier && PYTHONPATH=src python -m text_classifier.smoke
+	cd $(SMOKE_DIR)/text-classifier && NPROC_PER_NODE=2 scripts/train_single_node.sh configs/smoke.yaml --disable_tqdm true
 	cat $(SMOKE_DIR)/text-classifier/outputs/smoke/metrics.json
 
 test: lint

@@ -39,6 +39,7 @@ def run_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT / "src"), env.get("PYTHONPATH")]))
     env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHON"] = sys.executable  # the launch scripts run this interpreter, not whatever python is on PATH
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env.update(extra)
     return env
