@@ -91,6 +91,9 @@ resolve_nproc_per_node() {
       || die "NPROC_PER_NODE=auto could not count GPUs with $PYTHON (is torch installed?): set NPROC_PER_NODE to a number"
     if [[ "$gpus" =~ ^[1-9][0-9]*$ ]]; then
       NPROC_PER_NODE="$gpus"
+    elif [[ -n "${SLURM_JOB_ID:-}" ]]; then
+      # A GPU job that forgot to ask for GPUs would otherwise train on the CPUs for days.
+      die "NPROC_PER_NODE=auto found no GPU in this SLURM job: request GPUs (#SBATCH --gpus-per-node) or set NPROC_PER_NODE to a number"
     elif (( $(cpu_count) >= 2 )); then
       # No GPU. Two processes still exercise DDP; more than the cores just contend.
       NPROC_PER_NODE=2

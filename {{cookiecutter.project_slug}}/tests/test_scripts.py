@@ -303,6 +303,14 @@ def test_auto_starts_one_process_per_gpu_or_two_on_cpu(launcher: Launcher, gpu_c
     assert call["OMP_NUM_THREADS"] == str(max(1, CPU_COUNT // expected_nproc))
 
 
+def test_auto_finding_no_gpu_inside_a_slurm_job_is_refused(launcher: Launcher) -> None:
+    result = launcher.run("train_single_node.sh", NPROC_PER_NODE="auto", FAKE_GPU_COUNT="0", SLURM_JOB_ID="42")
+    assert result.returncode == 1
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: NPROC_PER_NODE=auto found no GPU in this SLURM job")
+    assert [call for call in launcher.calls() if call["argv"][:1] != ["-c"]] == []
+
+
 def test_omp_num_threads_set_by_the_user_is_kept(launcher: Launcher) -> None:
     result = launcher.run("train_single_node.sh", NPROC_PER_NODE="2", OMP_NUM_THREADS="7")
     assert result.returncode == 0, result.stderr

@@ -628,9 +628,11 @@ def test_load_model_names_the_labels_and_keeps_a_head_of_the_same_size(smoke_ass
     assert torch.equal(model.classifier.weight, saved["classifier.weight"])
 
 
-def test_checkpoint_with_another_label_count_gets_a_fresh_head_of_the_right_size(smoke_assets: Path) -> None:
+def test_checkpoint_with_another_label_count_is_refused_unless_asked_for_a_fresh_head(smoke_assets: Path) -> None:
     folder = smoke_assets / "tiny-bert"
-    model = load_model(ModelArguments(model_name_or_path=str(folder)), ["a", "b", "c"])
+    with pytest.raises(ConfigError, match="--ignore_mismatched_sizes true"):
+        load_model(ModelArguments(model_name_or_path=str(folder)), ["a", "b", "c"])
+    model = load_model(ModelArguments(model_name_or_path=str(folder), ignore_mismatched_sizes=True), ["a", "b", "c"])
     assert model.classifier.out_features == 3
     assert model.classifier.weight.shape == (3, 64)
     assert model.config.id2label == dict(enumerate(["a", "b", "c"]))

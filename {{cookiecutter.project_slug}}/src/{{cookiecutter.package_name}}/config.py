@@ -7,15 +7,17 @@ first argument sets values, and flags after it override the file.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 import transformers
 import yaml
 from transformers import HfArgumentParser
 
-from .distributed import resolve_device_settings
+from .distributed import env_world_size, resolve_device_settings
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -36,6 +38,10 @@ class ModelArguments:
     revision: str = field(default="main", metadata={"help": "Model revision: branch, tag or commit id."})
     trust_remote_code: bool = field(
         default=False, metadata={"help": "Allow model code from the Hub. Only for repos you trust."}
+    )
+    ignore_mismatched_sizes: bool = field(
+        default=False,
+        metadata={"help": "Start a fresh classifier head when the checkpoint's has another number of labels."},
     )
 
 
@@ -131,6 +137,10 @@ class TrainingArguments(transformers.TrainingArguments):
             # would overlap. Without the seedable sampler, accelerate gives the sampler a generator
             # and broadcasts its state from rank 0 at the start of every epoch.
             self.accelerator_config = {"use_seedable_sampler": False}
+        if not self.use_cpu and env_world_size() > 1:
+            # The parent starts the NCCL process group; pin this rank's GPU first, or every rank
+            # would set up its communicator on GPU 0.
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         super().__post_init__()
         # The parent fills an attribute of this name from ACCELERATE_MIXED_PRECISION and hands it
         # to accelerate; keep it equal to what was resolved above.

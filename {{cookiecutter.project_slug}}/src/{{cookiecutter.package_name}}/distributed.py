@@ -53,7 +53,8 @@ def resolve_device_settings(
             precision = "no"
         else:
             if bf16_supported is None:
-                bf16_supported = torch.cuda.is_bf16_supported()
+                # Without emulation: V100 and T4 "support" bf16 only by emulating it, slowly.
+                bf16_supported = torch.cuda.is_bf16_supported(including_emulation=False)
             precision = "bf16" if bf16_supported else "fp16"
     if precision == "fp16" and not on_gpu:
         raise ValueError(
@@ -84,6 +85,15 @@ def check_really_distributed(world_size_in_use: int) -> None:
 
 def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def broadcast_from_main(value: object) -> object:
+    """Rank 0's value on every rank, so that all ranks act on one decision."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
 
 
 @contextlib.contextmanager

@@ -63,9 +63,15 @@ def load_model(model_args: ModelArguments, names: list[str]) -> PreTrainedModel:
             cache_dir=model_args.cache_dir,
             revision=model_args.revision,
             trust_remote_code=model_args.trust_remote_code,
-            # A checkpoint fine-tuned on other classes gets a fresh head of the right size.
-            ignore_mismatched_sizes=True,
+            ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
         )
+    except RuntimeError as err:
+        if "ignore_mismatched_sizes" not in str(err):
+            raise
+        raise ConfigError(
+            f"--model_name_or_path {name!r} has a classifier for another number of labels than the "
+            f"{len(names)} in the data; pass --ignore_mismatched_sizes true to start a fresh head"
+        ) from None
     except (OSError, ValueError) as err:
         raise _not_found(name, type(err).__name__) from None
     # Classification heads take **kwargs but ignore num_items_in_batch and return a per-batch

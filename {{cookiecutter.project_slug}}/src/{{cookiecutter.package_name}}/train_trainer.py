@@ -22,6 +22,7 @@ from .config import ConfigError, DataArguments, ModelArguments, TrainingArgument
 from .data import build_collator, label_names, load_raw_datasets, tokenize_datasets
 from .distributed import (
     assert_gradients_synchronised,
+    broadcast_from_main,
     check_really_distributed,
     cleanup_distributed,
     set_process_group_timeout,
@@ -91,15 +92,20 @@ def build_trainer(
 
 
 def find_resume_checkpoint(training_args: TrainingArguments) -> str | None:
-    """--resume_from_checkpoint if given, else the newest checkpoint-N in output_dir, else None."""
-    if training_args.resume_from_checkpoint is not None:
-        if not os.path.isdir(training_args.resume_from_checkpoint):
-            raise ConfigError(f"--resume_from_checkpoint {training_args.resume_from_checkpoint!r} is not a folder")
-        return training_args.resume_from_checkpoint
-    try:
-        return get_last_checkpoint(training_args.output_dir)
-    except FileNotFoundError:
-        return None
+    """--resume_from_checkpoint if given, else the newest checkpoint-N in output_dir, else None.
+
+    Rank 0 decides for all: ranks that resumed from different steps would wait on each other forever.
+    """
+    checkpoint = training_args.resume_from_checkpoint
+    if checkpoint is None and os.path.isdir(training_args.output_dir):
+        checkpoint = get_last_checkpoint(training_args.output_dir)
+    checkpoint = broadcast_from_main(checkpoint)
+    if checkpoint is not None and not os.path.isdir(checkpoint):
+        raise ConfigError(
+            f"checkpoint {checkpoint!r} is not a folder on this node; with several nodes, "
+            "--output_dir must be on a filesystem every node shares"
+        )
+    return checkpoint
 
 
 def prepare_run(training_args: TrainingArguments) -> None:
