@@ -9,12 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from {{ cookiecutter.package_name }}.smoke import make_smoke_assets
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SMOKE_CONFIG = REPO_ROOT / "configs" / "smoke.yaml"
-TRAIN_SIZE = 256  # divisible by 2 ranks x batch 16, so shards can be exactly disjoint
+SMOKE = yaml.safe_load(SMOKE_CONFIG.read_text())
+TRAIN_SIZE = 256  # divisible by 2 ranks x the smoke batch, so shards can be exactly disjoint
 EVAL_SIZE = 101  # odd: a naive distributed eval would count one example twice
 
 

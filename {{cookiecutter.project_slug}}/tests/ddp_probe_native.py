@@ -1,8 +1,8 @@
 """Run by the tests under torchrun: train for real, recording what this rank trained on and holds.
 
 Each rank writes <output_dir>/probe/rank<RANK>.json (world size, the train indices it consumed in
-each epoch, optimizer steps run, the checkpoint it resumed from, logged losses and every log entry) and
-rank<RANK>.safetensors (its final weights).
+each epoch, sorted and in the order it fetched them, optimizer steps run, the checkpoint it resumed
+from, logged losses and every log entry) and rank<RANK>.safetensors (its final weights).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from {{ cookiecutter.package_name }}.distributed import cleanup_distributed
 
 
 class IndexRecorder:
-    """Wraps the collator to note each example's index, epoch by epoch, as the loop fetches it."""
+    """Wraps the collator to note each example's index, epoch by epoch, in the order the loop fetches it."""
 
     def __init__(self, loop: train.TrainingLoop) -> None:
         self.loop = loop
@@ -50,10 +50,12 @@ def main() -> None:
 
     probe_dir = Path(training_args.output_dir) / "probe"
     probe_dir.mkdir(parents=True, exist_ok=True)
+    fetched = [indices for _, indices in sorted(recorder.epochs.items()) if indices]
     record = {
         "rank": env.rank,
         "world_size": env.world_size,
-        "train_indices_per_epoch": [sorted(indices) for _, indices in sorted(recorder.epochs.items()) if indices],
+        "train_indices_per_epoch": [sorted(indices) for indices in fetched],  # which examples (test_ddp.py)
+        "train_order_per_epoch": fetched,  # and in which order (the resume tests)
         "steps_run": loop.run_steps,
         "resumed_from": loop.resumed_from,
         "logged_losses": [entry["loss"] for entry in loop.log_history if "loss" in entry],

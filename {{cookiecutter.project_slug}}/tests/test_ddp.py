@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EVAL_SIZE, REPO_ROOT, TRAIN_SIZE, smoke_flags, torchrun
+from conftest import EVAL_SIZE, REPO_ROOT, SMOKE, TRAIN_SIZE, smoke_flags, torchrun
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from {{ cookiecutter.package_name }}.metrics import classification_metrics
 
 PROBE = str(REPO_ROOT / "tests" / "ddp_probe.py")
-STEPS_PER_EPOCH = TRAIN_SIZE // (2 * 16)  # 2 ranks x per-device batch 16 (configs/smoke.yaml)
-EPOCHS = 8  # configs/smoke.yaml
+STEPS_PER_EPOCH = TRAIN_SIZE // (2 * SMOKE["per_device_train_batch_size"])  # 2 ranks
+EPOCHS = SMOKE["num_train_epochs"]
 
 
 def read_probe(output_dir: Path) -> list[dict]:

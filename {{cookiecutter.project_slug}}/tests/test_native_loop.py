@@ -1,4 +1,5 @@
-"""What only the native loop has to prove: exact resume, gradient accumulation, atomic checkpoints.
+"""What only the native loop has to prove: exact resume, gradient accumulation, atomic checkpoints,
+and refusing what it does not implement.
 
 The torchrun runs (2 CPU processes, gloo) happen once per module; every test reads their records
 (tests/ddp_probe.py writes one JSON and one safetensors file per rank).
@@ -6,21 +7,33 @@ The torchrun runs (2 CPU processes, gloo) happen once per module; every test rea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import EVAL_SIZE, REPO_ROOT, TRAIN_SIZE, run_env, smoke_flags, torchrun
+from accelerate.state import AcceleratorState
+from conftest import EVAL_SIZE, REPO_ROOT, SMOKE_CONFIG, TRAIN_SIZE, run_env, smoke_flags, torchrun
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from {{ cookiecutter.package_name }}.config import ConfigError, TrainingArguments, parse_args
 from {{ cookiecutter.package_name }}.data import DistributedLengthGroupedSampler
 from {{ cookiecutter.package_name }}.metrics import classification_metrics
-from {{ cookiecutter.package_name }}.train import TRAINING_STATE, ResumableSampler
+from {{ cookiecutter.package_name }}.train import (
+    HONOURED_FIELDS,
+    REWRITTEN_FIELDS,
+    TRAINING_STATE,
+    Progress,
+    ResumableSampler,
+    TrainingLoop,
+    check_supported,
+)
 
 PROBE = str(REPO_ROOT / "tests" / "ddp_probe.py")
 STEPS_PER_EPOCH = TRAIN_SIZE // (2 * 16)  # 2 ranks x per-device batch 16 (configs/smoke.yaml)
@@ -33,7 +46,8 @@ CHECKPOINT_FLAGS = ["--max_steps", str(TOTAL_STEPS), "--save_strategy", "steps",
 # the tolerance only leaves room for a kernel that is not bitwise deterministic.
 RESUME_ATOL = 1e-6
 # Different batch shapes sum in a different order: float32 rounding, amplified a little by Adam's
-# division by sqrt(v). Measured 1.5e-7 on the weights after 6 steps; the bound leaves 60x room.
+# division by sqrt(v). After 6 steps the largest weight difference (`worst` in assert_weights_close)
+# is 1.5e-7 on the smoke model; the bound leaves 60x room.
 ACCUMULATION_ATOL = 1e-5
 LOGGED_ATOL = 1.01e-4  # the loop logs loss and gradient norm rounded to 4 decimals
 
@@ -85,12 +99,17 @@ def test_resumed_run_continues_mid_epoch_from_the_newest_checkpoint(resumed: Pat
     assert [record["steps_run"] for record in read_probe(resumed)] == [TOTAL_STEPS - INTERRUPTED_AT] * 2
 
 
-def test_resumed_run_trains_on_the_rest_of_the_interrupted_epoch(uninterrupted: Path, resumed: Path) -> None:
+def test_resumed_run_fetches_the_rest_of_the_interrupted_epoch_in_order(uninterrupted: Path, resumed: Path) -> None:
+    """On each rank, exactly the batches the uninterrupted run fetched after the checkpoint, in its order.
+
+    Order matters: an epoch restarted from its first batch, or reshuffled, would fetch other examples.
+    """
+    remaining = (TOTAL_STEPS - INTERRUPTED_AT) * 16
     for full, rest in zip(read_probe(uninterrupted), read_probe(resumed), strict=True):
-        last_epoch, remainder = full["train_indices_per_epoch"][-1], rest["train_indices_per_epoch"]
-        assert len(remainder) == 1
-        assert len(remainder[0]) == (TOTAL_STEPS - INTERRUPTED_AT) * 16
-        assert set(remainder[0]) <= set(last_epoch)
+        (resumed_order,) = rest["train_order_per_epoch"]
+        last_epoch_order = full["train_order_per_epoch"][-1]
+        assert len(last_epoch_order) == STEPS_PER_EPOCH * 16
+        assert resumed_order == last_epoch_order[-remaining:], f"rank {rest['rank']}"
 
 
 def test_resumed_run_ends_with_the_uninterrupted_weights(uninterrupted: Path, resumed: Path) -> None:
@@ -123,7 +142,9 @@ def test_checkpoint_holds_model_tokenizer_and_every_ranks_training_state(uninter
     assert (state["global_step"], state["epoch"], state["step_in_epoch"]) == (
         INTERRUPTED_AT, INTERRUPTED_AT // STEPS_PER_EPOCH, INTERRUPTED_AT % STEPS_PER_EPOCH
     )
-    assert state["world_size"] == 2 and state["labels"] == ["negative", "positive"]
+    assert state["batch_plan"] == {"per_device_train_batch_size": 16, "gradient_accumulation_steps": 1,
+                                   "world_size": 2, "train_size": TRAIN_SIZE, "batches_per_epoch": STEPS_PER_EPOCH}
+    assert state["labels"] == ["negative", "positive"]
     assert {"optimizer", "scheduler", "scaler"} <= state.keys()
     rank0, rank1 = state["rng_states"]
     assert not torch.equal(rank0["torch"], rank1["torch"]), "dropout streams should differ between ranks"
@@ -226,10 +247,35 @@ def test_refuses_a_checkpoint_of_a_different_label_set(uninterrupted: Path, smok
     result = run_single_process([*smoke_flags(smoke_assets, tmp_path / "out"),
                                  "--train_file", str(tmp_path / "train.jsonl"),
                                  "--validation_file", str(tmp_path / "validation.jsonl"),
+                                 "--ignore_mismatched_sizes", "true",  # a fresh 3-class head, then the checkpoint
                                  "--resume_from_checkpoint", str(checkpoint)])
     assert result.returncode == 2
     assert "labels ['negative', 'positive']" in result.stderr
     assert "labels ['negative', 'neutral', 'positive']" in result.stderr
+
+
+def test_refuses_to_resume_under_a_different_batch_plan(uninterrupted: Path, smoke_assets: Path,
+                                                       tmp_path: Path) -> None:
+    """A checkpoint's place in its epoch counts its own batches: step 4 of 8 (2 ranks x 16) is the end
+    of a 1 x 64 epoch, so the resumed run would take all its remaining steps on no data at all."""
+    output_dir = tmp_path / "out"
+    checkpoint = output_dir / f"checkpoint-{INTERRUPTED_AT}"
+    shutil.copytree(uninterrupted / checkpoint.name, checkpoint)
+    result = run_single_process([*smoke_flags(smoke_assets, output_dir), "--per_device_train_batch_size", "64",
+                                 "--max_steps", str(TOTAL_STEPS + 16)])
+    assert result.returncode == 2, result.stdout[-3000:]
+    plan = "--per_device_train_batch_size {}, --gradient_accumulation_steps 1, {} and {} train examples"
+    saved, this = plan.format(16, "2 processes", TRAIN_SIZE), plan.format(64, "1 process", TRAIN_SIZE)
+    assert f"checkpoint {str(checkpoint)!r} was written by a run with {saved}" in result.stderr
+    assert f"but this run has {this}" in result.stderr
+    assert "use a new --output_dir" in result.stderr
+    assert [path.name for path in output_dir.iterdir()] == [checkpoint.name], "it trained anyway"
+
+
+def test_a_step_without_micro_batches_is_an_internal_error() -> None:
+    loop = SimpleNamespace(progress=Progress(global_step=20, epoch=2, step_in_epoch=4))
+    with pytest.raises(RuntimeError, match="no micro-batches for step 21"):
+        TrainingLoop._run_batch(loop, [])
 
 
 def test_refuses_a_missing_checkpoint_path(smoke_assets: Path, tmp_path: Path) -> None:
@@ -244,6 +290,81 @@ def test_refuses_a_batch_larger_than_the_train_set(smoke_assets: Path, tmp_path:
     result = run_single_process([*smoke_flags(smoke_assets, tmp_path / "out"), "--max_train_samples", "10"])
     assert result.returncode == 2
     assert "fewer than one batch" in result.stderr
+
+
+# ---- flags the loop does not implement (in process: parsing and the check only) -------------
+
+
+@pytest.fixture
+def parse(monkeypatch: pytest.MonkeyPatch):
+    """TrainingArguments from a config file plus flags, parsed here as one process.
+
+    Parsing fills accelerate's process-wide state; it is reset afterwards, as in test_units.py.
+    """
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_CPU"):
+        monkeypatch.delenv(name, raising=False)
+    yield lambda *flags, config=SMOKE_CONFIG: parse_args([str(config), *flags])[2]
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+CHECKPOINTING = "--activation_checkpointing (or --gradient_checkpointing)"
+UNSUPPORTED = {
+    "label_smoothing_factor": (["--label_smoothing_factor", "0.5"], "--label_smoothing_factor"),
+    "report_to": (["--report_to", "wandb"], "--report_to wandb"),
+    "eval_on_start": (["--eval_on_start", "true"], "--eval_on_start"),
+    "eval_delay": (["--eval_delay", "2"], "--eval_delay"),
+    "save_only_model": (["--save_only_model", "true"], "--save_only_model"),
+    "push_to_hub": (["--push_to_hub", "true", "--hub_model_id", "me/model"], "--push_to_hub"),
+    "torch_empty_cache_steps": (["--torch_empty_cache_steps", "4"], "--torch_empty_cache_steps"),
+    "optim": (["--optim", "sgd"], "--optim sgd"),
+    "batch_rebalance": (["--train_sampling_strategy", "batch_rebalance"], "--train_sampling_strategy batch_rebalance"),
+    "lr_scheduler_needing_metrics": (["--lr_scheduler_type", "reduce_lr_on_plateau", "--eval_strategy", "epoch"],
+                                     "--lr_scheduler_type reduce_lr_on_plateau"),
+    "save_strategy_best": (["--save_strategy", "best", "--metric_for_best_model", "accuracy"], "--save_strategy best"),
+    # Fields that TrainingArguments rewrites even when left alone (None -> False, "" -> [], a config object).
+    "activation_checkpointing": (["--activation_checkpointing", "true"], CHECKPOINTING),
+    "gradient_checkpointing": (["--gradient_checkpointing", "true"], CHECKPOINTING),  # its old name
+    "debug": (["--debug", "underflow_overflow"], "--debug"),
+    "accelerator_config": (["--accelerator_config", '{"split_batches": true}'], "--accelerator_config"),
+    "remove_unused_columns": (["--remove_unused_columns", "true"], "--remove_unused_columns"),
+    "torch_compile": (["--torch_compile_mode", "max-autotune"], "--torch_compile"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
+@pytest.mark.parametrize(("flags", "named"), UNSUPPORTED.values(), ids=UNSUPPORTED.keys())
+def test_refuses_a_training_argument_it_would_ignore(parse, flags: list[str], named: str) -> None:
+    with pytest.raises(ConfigError, match="is not supported by the native loop") as refusal:
+        check_supported(parse(*flags))
+    assert str(refusal.value).startswith(f"{named} is not supported by the native loop")
+    assert "use the Trainer variant or " in str(refusal.value)
+
+
+def test_label_smoothing_refusal_tells_what_to_do(parse) -> None:
+    with pytest.raises(ConfigError) as refusal:
+        check_supported(parse("--label_smoothing_factor", "0.5"))
+    assert str(refusal.value) == ("--label_smoothing_factor is not supported by the native loop; "
+                                  "use the Trainer variant or implement it in train.py")
+
+
+@pytest.mark.parametrize("config", ["smoke.yaml", "default.yaml"])
+def test_accepts_the_shipped_configs(parse, config: str) -> None:
+    """Nothing a user leaves alone is refused, however TrainingArguments rewrites its defaults."""
+    check_supported(parse("--mixed_precision", "no", config=REPO_ROOT / "configs" / config))
+
+
+def test_accepts_the_flags_it_honours(parse) -> None:
+    check_supported(parse("--report_to", "tensorboard", "--optim", "adamw_torch", "--eval_strategy", "steps",
+                          "--eval_steps", "5", "--do_train", "--do_eval", "--dataloader_num_workers", "2",
+                          "--lr_scheduler_type", "cosine", "--max_grad_norm", "0.5", "--ddp_timeout", "60",
+                          "--train_sampling_strategy", "random", "--dataloader_drop_last", "true"))
+
+
+def test_the_allow_list_names_real_training_arguments() -> None:
+    """A misspelt or renamed field would leave its real namesake checked against its default: refused."""
+    names = {field.name for field in dataclasses.fields(TrainingArguments)}
+    assert sorted((HONOURED_FIELDS | REWRITTEN_FIELDS.keys()) - names) == []
+    assert sorted(HONOURED_FIELDS & REWRITTEN_FIELDS.keys()) == []
 
 
 # ---- the length-grouped sampler (no processes needed) ---------------------------------------

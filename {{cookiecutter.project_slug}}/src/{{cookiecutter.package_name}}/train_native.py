@@ -10,6 +10,7 @@ set; write metrics.json. No Trainer and no accelerate: every step is here to rea
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import inspect
 import itertools
@@ -36,6 +37,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler, set_seed
+from transformers.integrations import is_kubeflow_available
+from transformers.trainer_pt_utils import AcceleratorConfig
 
 from .config import ConfigError, DataArguments, ModelArguments, TrainingArguments, parse_args
 from .data import (
@@ -49,6 +52,7 @@ from .data import (
 from .distributed import (
     DistributedEnv,
     assert_gradients_synchronised,
+    broadcast_from_main,
     check_really_distributed,
     cleanup_distributed,
     setup_or_adopt_distributed,
@@ -60,8 +64,43 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 TRAINING_STATE = "training_state.pt"  # written last: a checkpoint folder holding it is complete
-NOT_IMPLEMENTED_FLAGS = ("deepspeed", "fsdp", "torch_compile", "gradient_checkpointing", "load_best_model_at_end")
 DDP_OPTIONS = inspect.signature(DistributedDataParallel).parameters
+
+# The TrainingArguments fields this loop reads. check_supported refuses a change to any other field:
+# the loop would silently ignore it.
+HONOURED_FIELDS = frozenset({
+    # the run
+    "output_dir", "resume_from_checkpoint", "num_train_epochs", "max_steps", "seed", "data_seed",
+    "do_train", "do_eval",  # it always trains, then evaluates
+    # data
+    "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+    "train_sampling_strategy", "dataloader_drop_last", "dataloader_num_workers", "dataloader_pin_memory",
+    "dataloader_persistent_workers", "dataloader_prefetch_factor", "dataloader_multiprocessing_context",
+    # optimizer and schedule
+    "optim", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
+    "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps",
+    # device, precision and DDP; TrainingArguments applies tf32 itself (a process-wide torch setting)
+    "use_cpu", "mixed_precision", "fp16", "bf16", "tf32", "ddp_backend", "ddp_timeout",
+    "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers",
+    "local_rank",  # set by older launchers; the loop reads LOCAL_RANK from the environment
+    # logging, evaluation and checkpoints
+    "logging_strategy", "logging_steps", "logging_first_step", "disable_tqdm", "report_to",
+    "eval_strategy", "eval_steps", "save_strategy", "save_steps", "save_total_limit",
+})
+# Fields whose value TrainingArguments rewrites even when the user leaves them alone, so their
+# dataclass default cannot tell: each maps to a test for "left alone".
+REWRITTEN_FIELDS = {
+    "activation_checkpointing": lambda args: not args.activation_checkpointing,  # None becomes False
+    "gradient_checkpointing": lambda args: True,  # its old name, mirroring it: checked as the line above
+    "debug": lambda args: not args.debug,  # "" becomes []
+    # An AcceleratorConfig; config.py turns its seedable sampler off for the Trainer's sake.
+    "accelerator_config": lambda args: args.accelerator_config is None or dataclasses.replace(
+        args.accelerator_config, use_seedable_sampler=True) == AcceleratorConfig(use_seedable_sampler=True),
+}
+FLAG_NAMES = {"activation_checkpointing": "--activation_checkpointing (or --gradient_checkpointing)"}
+LOGGERS = ("tensorboard",)
+OPTIMIZERS = ("adamw_torch_fused", "adamw_torch")
+SCHEDULES_NEEDING_METRICS = ("reduce_lr_on_plateau", "greedy")  # their step() takes an eval metric
 
 
 # --------------------------------------------------------------------------------------------
@@ -80,11 +119,13 @@ def run(model_args: ModelArguments, data_args: DataArguments, training_args: Tra
 
 
 def setup(training_args: TrainingArguments) -> DistributedEnv:
-    """Read torchrun's RANK, LOCAL_RANK and WORLD_SIZE; pin this rank's GPU; join the process group.
+    """This rank's device and process group, from torchrun's RANK, LOCAL_RANK and WORLD_SIZE.
 
     Without torchrun this is one process and no group. Under torchrun, parsing TrainingArguments
-    has usually started the group already (transformers does it through accelerate); it is then
-    checked and adopted, with --ddp_timeout applied, rather than started twice.
+    has already pinned this rank's GPU (config.py) and then started the group (transformers does it
+    through accelerate). That group is adopted after checking that it spans torchrun's world, the
+    device is pinned again (a no-op) and --ddp_timeout is applied to the group. Only where no
+    group exists yet are the GPU pinned and the group started here.
     """
     return setup_or_adopt_distributed(training_args.use_cpu, training_args.ddp_backend, training_args.ddp_timeout)
 
@@ -121,7 +162,7 @@ def build_loop(env: DistributedEnv, model_args: ModelArguments, data_args: DataA
     set_seed(training_args.seed + env.rank)
 
     # Rank 0 picks the checkpoint, so all ranks resume from the same one.
-    checkpoint = broadcast_from_main(find_resume_checkpoint(training_args), env)
+    checkpoint = broadcast_from_main(find_resume_checkpoint(training_args))
     if checkpoint is not None:
         if not (Path(checkpoint) / TRAINING_STATE).is_file():
             raise ConfigError(f"rank {env.rank} cannot read {checkpoint}: --output_dir must be on a filesystem "
@@ -222,6 +263,12 @@ class TrainingLoop:
 
     def _run_batch(self, micro_batches: list[dict[str, torch.Tensor]]) -> None:
         """Forward and backward each micro-batch, then clip and take one optimizer step."""
+        if not micro_batches:  # the batch plan promised this step's batches: a bug, not a user error
+            raise RuntimeError(
+                f"no micro-batches for step {self.progress.global_step + 1} (epoch {self.progress.epoch}, "
+                f"after {self.progress.step_in_epoch} steps in it): the data loader ran out before the batch "
+                "plan's end of epoch"
+            )
         for index, batch in enumerate(micro_batches):
             batch = {key: value.to(self.env.device, non_blocking=True) for key, value in batch.items()}
             # DDP all-reduces gradients during backward. Between micro-steps that is wasted traffic:
@@ -416,8 +463,9 @@ class TrainingLoop:
     def save_checkpoint(self) -> None:
         """Write output_dir/checkpoint-N: rank 0 fills a temporary folder, then renames it in one step.
 
-        A crash mid-save leaves only the temporary folder, which resume ignores, never a broken
-        newest checkpoint. Every rank takes part: each sends its RNG state to rank 0.
+        A crash of the process mid-save leaves only the temporary folder, which resume ignores, never
+        a broken newest checkpoint. (Nothing is fsynced: a power loss on some filesystems could still
+        persist the rename before the data.) Every rank takes part: each sends its RNG state to rank 0.
         """
         rng_states = gather_to_main(rng_state(), self.env)
         if self.env.is_main_process:
@@ -439,7 +487,7 @@ class TrainingLoop:
             "global_step": self.progress.global_step,
             "epoch": self.progress.epoch,
             "step_in_epoch": self.progress.step_in_epoch,
-            "world_size": self.env.world_size,
+            "batch_plan": self.plan.position_basis(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
@@ -460,6 +508,7 @@ class TrainingLoop:
         state = torch.load(checkpoint / TRAINING_STATE, map_location="cpu", weights_only=True)
         weights = load_model_weights(checkpoint)
         check_checkpoint_matches(checkpoint, state, weights, self.unwrapped, self.names)
+        check_batch_plan_matches(checkpoint, state["batch_plan"], self.plan.position_basis())
         # strict=False: save_pretrained leaves out tied copies; check_checkpoint_matches refused strangers.
         self.unwrapped.load_state_dict(weights, strict=False)
         self.optimizer.load_state_dict(state["optimizer"])  # moves the moments onto the parameters' device
@@ -467,10 +516,7 @@ class TrainingLoop:
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(state["global_step"], state["epoch"], state["step_in_epoch"])
-        if state["world_size"] != self.env.world_size:
-            logger.warning("checkpoint was written with %d processes, this run has %d: the data order from here on "
-                           "differs from an uninterrupted run", state["world_size"], self.env.world_size)
-        set_rng_state(state["rng_states"][self.env.rank % len(state["rng_states"])])
+        set_rng_state(state["rng_states"][self.env.rank])  # one per rank: the world size matched
         self.resumed_from = str(checkpoint)
         logger.info("resumed from %s at step %d (epoch %d, step %d in it)", checkpoint,
                     self.progress.global_step, self.progress.epoch, self.progress.step_in_epoch)
@@ -479,7 +525,7 @@ class TrainingLoop:
         """Close TensorBoard and drop the DDP wrapper, now that the ranks are done with each other.
 
         DDP holds the process group (in reference cycles). Alive past destroy_process_group, it is
-        freed at interpreter exit, where gloo's threads can abort the process (measured: 1 run in 4).
+        freed at interpreter exit, where gloo's threads can abort the process now and then.
         """
         if self.board is not None:
             self.board.close()
@@ -514,16 +560,45 @@ def setup_logging(env: DistributedEnv) -> None:
         datasets.disable_progress_bars()
 
 
+def unsupported(flag: str, why: str = "", remedy: str = "implement it in train.py") -> ConfigError:
+    return ConfigError(f"{flag} is not supported by the native loop{why}; use the Trainer variant or {remedy}")
+
+
 def check_supported(training_args: TrainingArguments) -> None:
-    """Refuse flags this loop does not implement, rather than ignore them."""
-    for name in NOT_IMPLEMENTED_FLAGS:
-        if getattr(training_args, name, None):
-            raise ConfigError(f"--{name} is not implemented by the native loop; use the Trainer variant or add it here")
-    if training_args.optim not in ("adamw_torch", "adamw_torch_fused"):
-        raise ConfigError(f"--optim {training_args.optim.value}: the native loop uses torch.optim.AdamW "
-                          "(adamw_torch or adamw_torch_fused); change build_optimizer for another")
+    """Refuse what this loop does not implement, rather than ignore it.
+
+    A field outside HONOURED_FIELDS must keep its default. The honoured fields with values the loop
+    lacks are checked first, so a flag the parent derives others from is the one named.
+    """
+    # transformers adds kubeflow by itself inside a Kubeflow TrainJob; this loop does not report there.
+    ignored_loggers = ("kubeflow",) if is_kubeflow_available() else ()
+    for name in training_args.report_to or []:
+        if name not in LOGGERS + ignored_loggers:
+            raise unsupported(f"--report_to {name}", ", which logs to tensorboard only")
+    if training_args.optim not in OPTIMIZERS:
+        raise unsupported(f"--optim {training_args.optim.value}", ", which builds torch.optim.AdamW "
+                          "(adamw_torch_fused or adamw_torch)", remedy="change build_optimizer in train.py")
+    if training_args.lr_scheduler_type in SCHEDULES_NEEDING_METRICS:
+        raise unsupported(f"--lr_scheduler_type {training_args.lr_scheduler_type.value}",
+                          ", which steps the schedule without eval metrics")
     if training_args.save_strategy == "best":
-        raise ConfigError("--save_strategy best needs a best-model tracker; the native loop saves by steps or epoch")
+        raise unsupported("--save_strategy best", ", which saves by steps or epoch")
+    if training_args.train_sampling_strategy not in ("group_by_length", "random", "sequential"):
+        raise unsupported(f"--train_sampling_strategy {training_args.train_sampling_strategy}",
+                          " (group_by_length, random or sequential)", remedy="change build_train_sampler in train.py")
+    for field in dataclasses.fields(training_args):
+        if field.name in HONOURED_FIELDS or not field.init:
+            continue
+        if field.name in REWRITTEN_FIELDS:
+            left_alone = REWRITTEN_FIELDS[field.name](training_args)
+        elif field.default is not dataclasses.MISSING:
+            left_alone = getattr(training_args, field.name) == field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            left_alone = getattr(training_args, field.name) == field.default_factory()
+        else:
+            continue  # required: there is no default to keep
+        if not left_alone:
+            raise unsupported(FLAG_NAMES.get(field.name, f"--{field.name}"))
 
 
 def build_datasets(
@@ -569,17 +644,14 @@ def build_train_sampler(train_set: datasets.Dataset, training_args: TrainingArgu
             seed=seed,
             drop_last=training_args.dataloader_drop_last,
         ))
-    if strategy in ("random", "sequential"):
-        return ResumableSampler(DistributedSampler(
-            train_set,
-            num_replicas=env.world_size,
-            rank=env.rank,
-            shuffle=strategy == "random",
-            seed=seed,
-            drop_last=training_args.dataloader_drop_last,
-        ))
-    raise ConfigError(f"--train_sampling_strategy {strategy}: the native loop supports group_by_length, random "
-                      "and sequential")
+    return ResumableSampler(DistributedSampler(  # random or sequential (check_supported refused the rest)
+        train_set,
+        num_replicas=env.world_size,
+        rank=env.rank,
+        shuffle=strategy == "random",
+        seed=seed,
+        drop_last=training_args.dataloader_drop_last,
+    ))
 
 
 def build_loader(dataset, training_args: TrainingArguments, collator, batch_size: int, env: DistributedEnv,
@@ -595,6 +667,7 @@ def build_loader(dataset, training_args: TrainingArguments, collator, batch_size
         drop_last=training_args.dataloader_drop_last and sampler is not None,
         persistent_workers=workers > 0 and training_args.dataloader_persistent_workers,
         prefetch_factor=training_args.dataloader_prefetch_factor if workers > 0 else None,
+        multiprocessing_context=training_args.dataloader_multiprocessing_context if workers > 0 else None,
         # Its own generator: starting an epoch then draws no numbers from the global RNG, which
         # stays dropout's alone, so a resumed run draws the same dropout masks as an uninterrupted one.
         generator=torch.Generator().manual_seed(training_args.seed),
@@ -608,6 +681,7 @@ class BatchPlan:
     per_device_batch_size: int
     accumulation_steps: int
     world_size: int
+    train_size: int
     micro_batches_per_epoch: int  # per rank
     steps_per_epoch: int
     total_steps: int
@@ -619,6 +693,16 @@ class BatchPlan:
     @property
     def num_epochs(self) -> int:
         return math.ceil(self.total_steps / self.steps_per_epoch)
+
+    def position_basis(self) -> dict[str, int]:
+        """What a checkpoint's place in its epoch is counted in; a resumed run must share all of it."""
+        return {
+            "per_device_train_batch_size": self.per_device_batch_size,
+            "gradient_accumulation_steps": self.accumulation_steps,
+            "world_size": self.world_size,
+            "train_size": self.train_size,
+            "batches_per_epoch": self.micro_batches_per_epoch,
+        }
 
 
 def plan_batches(train_size: int, train_loader: DataLoader, training_args: TrainingArguments,
@@ -641,7 +725,7 @@ def plan_batches(train_size: int, train_loader: DataLoader, training_args: Train
         total_steps = training_args.max_steps
     else:
         total_steps = math.ceil(training_args.num_train_epochs * steps_per_epoch)
-    return BatchPlan(per_device, accumulation, world_size, micro_batches, steps_per_epoch, total_steps)
+    return BatchPlan(per_device, accumulation, world_size, train_size, micro_batches, steps_per_epoch, total_steps)
 
 
 def build_model(model_args: ModelArguments, names: list[str], training_args: TrainingArguments,
@@ -654,7 +738,7 @@ def build_model(model_args: ModelArguments, names: list[str], training_args: Tra
     if training_args.ddp_bucket_cap_mb is not None:
         options["bucket_cap_mb"] = training_args.ddp_bucket_cap_mb
     # Buffers such as position ids never change in these models; syncing them before every forward
-    # costs a collective per micro-step (7% of the smoke run). --ddp_broadcast_buffers true turns it on.
+    # would cost a collective per micro-step for nothing. --ddp_broadcast_buffers true turns it on.
     # (torch 2.13 renamed the option; older versions call it broadcast_buffers.)
     sync_buffers = "forward_sync_buffers" if "forward_sync_buffers" in DDP_OPTIONS else "broadcast_buffers"
     options[sync_buffers] = bool(training_args.ddp_broadcast_buffers)
@@ -680,7 +764,9 @@ def build_optimizer(model: torch.nn.Module, training_args: TrainingArguments) ->
         lr=training_args.learning_rate,
         betas=(training_args.adam_beta1, training_args.adam_beta2),
         eps=training_args.adam_epsilon,
-        fused=True,  # one kernel for all parameters; torch 2.4+ has it on CPU and CUDA
+        # Fused: one kernel updates every parameter. torch >= 2.4 has it on CUDA and on CPU, where it
+        # also beats the per-parameter loop (compare a run with --optim adamw_torch).
+        fused=training_args.optim == "adamw_torch_fused",
     )
 
 
@@ -696,15 +782,6 @@ def open_tensorboard(training_args: TrainingArguments, env: DistributedEnv):
         return None
     log_dir = os.environ.get("TENSORBOARD_LOGGING_DIR") or os.path.join(training_args.output_dir, "runs")
     return SummaryWriter(log_dir=log_dir)
-
-
-def broadcast_from_main(value: object, env: DistributedEnv) -> object:
-    """Rank 0's value on every rank, so all ranks act on one decision."""
-    if not env.is_distributed:
-        return value
-    holder = [value]
-    dist.broadcast_object_list(holder, src=0)
-    return holder[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -788,6 +865,28 @@ def check_checkpoint_matches(checkpoint: Path, state: dict, weights: dict, model
             f"this run trains a {model.config.model_type} model for labels {names}"
             + (f" (different tensors: {', '.join(mismatched[:3])})" if mismatched else "")
             + ". Use a new --output_dir, or --resume_from_checkpoint with a checkpoint of this model and data."
+        )
+
+
+def describe_batch_plan(basis: dict[str, int]) -> str:
+    processes = "1 process" if basis["world_size"] == 1 else f"{basis['world_size']} processes"
+    return (f"--per_device_train_batch_size {basis['per_device_train_batch_size']}, --gradient_accumulation_steps "
+            f"{basis['gradient_accumulation_steps']}, {processes} and {basis['train_size']} train examples "
+            f"({basis['batches_per_epoch']} batches per process per epoch)")
+
+
+def check_batch_plan_matches(checkpoint: Path, saved: dict[str, int], current: dict[str, int]) -> None:
+    """Refuse to resume under another batch plan: the checkpoint's step in its epoch would point elsewhere.
+
+    Under a plan with fewer batches per epoch it points past the end, and the run would go on to
+    take its remaining steps on no data at all.
+    """
+    if saved != current:
+        raise ConfigError(
+            f"checkpoint {str(checkpoint)!r} was written by a run with {describe_batch_plan(saved)}, but this run "
+            f"has {describe_batch_plan(current)}. Its place in the epoch only means something under its own batch "
+            "plan: to continue it, run again with its settings; to train with these, use a new --output_dir "
+            "(without --resume_from_checkpoint)."
         )
 
 
