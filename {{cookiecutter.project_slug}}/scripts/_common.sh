@@ -22,6 +22,25 @@ die() {
   exit 1
 }
 
+# Under `set -e` a failing command ends the script with its status and no word
+# of what failed (a pipe closed early even kills the writer with SIGPIPE, 141).
+# Name the command instead. errtrace extends the trap into functions; inside a
+# command substitution it only exits, so that the line that used it is named once.
+on_error() {
+  local status=$? statuses="${PIPESTATUS[*]}"
+  if [[ "$BASHPID" != "$$" ]]; then
+    exit "$status"
+  fi
+  local where="${BASH_SOURCE[1]##*/} line ${BASH_LINENO[0]}"
+  if [[ "$statuses" == *' '* ]]; then
+    where+="; pipeline statuses: $statuses"
+  fi
+  printf "error: %s: '%s' failed with status %d (%s)\n" "${0##*/}" "$BASH_COMMAND" "$status" "$where" >&2
+  exit "$status"
+}
+set -o errtrace
+trap on_error ERR
+
 # is_int_in_range VALUE MIN [MAX]: VALUE is a whole number, MIN <= VALUE <= MAX.
 is_int_in_range() {
   [[ "$1" =~ ^[0-9]{1,9}$ ]] || return 1
@@ -115,18 +134,31 @@ set_omp_num_threads() {
   fi
 }
 
-# Sets PYTHON, NPROC_PER_NODE, MAX_RESTARTS and OMP_NUM_THREADS. Call it after
-# the cheap checks: NPROC_PER_NODE=auto imports torch.
+# Restarted workers (MAX_RESTARTS > 0) read the previous attempt's addresses
+# from the rendezvous store torchrun shares with them, and fail to connect
+# (pytorch/pytorch#135712; NCCL reads a stale unique id the same way). With
+# sharing off, each attempt gets a fresh store. A value the user set is kept.
+# Only c10d rendezvous (--standalone, SLURM) reads it; static rendezvous does not.
+disable_shared_rendezvous_store() {
+  export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
+}
+
+# Sets PYTHON, NPROC_PER_NODE, MAX_RESTARTS, OMP_NUM_THREADS and
+# TORCH_DISABLE_SHARE_RDZV_TCP_STORE. Call it after the cheap checks:
+# NPROC_PER_NODE=auto imports torch.
 resolve_launch_settings() {
   resolve_python
   resolve_max_restarts
   resolve_nproc_per_node
   set_omp_num_threads
+  disable_shared_rendezvous_store
 }
 
 # Prints the command on stderr, then replaces this shell with it so that
 # signals (Ctrl-C, SLURM's SIGTERM) reach torchrun directly.
 run_command() {
+  command -v "$1" >/dev/null \
+    || die "'$1' is not a command here (not on PATH, or not executable): nothing was started"
   printf '+' >&2
   printf ' %q' "$@" >&2
   printf '\n' >&2

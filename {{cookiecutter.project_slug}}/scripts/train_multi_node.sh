@@ -24,22 +24,28 @@ Environment:
   NNODES           number of nodes                           [default: $DEFAULT_NNODES]
   NPROC_PER_NODE   processes per node: 'auto' (one per visible GPU, 2 on a
                    CPU-only machine) or a number      [default: $DEFAULT_NPROC_PER_NODE]
-  MAX_RESTARTS     times torchrun restarts the workers after a failure [default: 0]
+  MAX_RESTARTS     times torchrun restarts the workers after a failure [default: 0].
+                   Unreliable here: the static rendezvous keeps one store, where
+                   restarted workers may read stale addresses (pytorch/pytorch#135712)
+  TORCH_DISABLE_SHARE_RDZV_TCP_STORE  1 gives each restart a fresh store under
+                   c10d rendezvous; the static one here ignores it [default: 1]
   OMP_NUM_THREADS  threads per process     [default: CPU cores / NPROC_PER_NODE]
   PYTHON           interpreter with torch installed  [default: python, else python3]
 
-Troubleshooting (hangs at start-up, NCCL errors):
+Troubleshooting (hangs, NCCL errors, timeouts):
   NCCL_DEBUG=INFO                 log how NCCL picks interfaces and transports
+  NCCL_DEBUG_SUBSYS=INIT,NET      keep that log to set-up and networking
   NCCL_SOCKET_IFNAME=eth0         use this network interface (see \`ip addr\`)
   NCCL_IB_DISABLE=1               rule out InfiniBand problems
-  TORCH_NCCL_ASYNC_ERROR_HANDLING=1  fail instead of hanging when a rank dies
-  --ddp_timeout SECONDS           (a flag) how long a collective may wait
+  --ddp_timeout SECONDS           (a training flag) how long a collective may
+                                  wait before the job fails instead of hanging
   A node that never joins leaves the others waiting at the rendezvous: check
   that MASTER_PORT is open between the nodes and that NNODES matches everywhere.
 
 Example, two nodes:
   node A: NODE_RANK=0 MASTER_ADDR=nodeA scripts/train_multi_node.sh configs/default.yaml
   node B: NODE_RANK=1 MASTER_ADDR=nodeA scripts/train_multi_node.sh configs/default.yaml
+Two nodes on one host: set OMP_NUM_THREADS=1 (each would claim all the cores).
 EOF
 }
 
@@ -61,7 +67,7 @@ check_config "$@"
 resolve_launch_settings
 
 # Static rendezvous: NODE_RANK=0 hosts the store on MASTER_ADDR:MASTER_PORT and
-# every node waits there until all NNODES have joined.
+# every node waits there until all NNODES have joined. Restarts reuse that store.
 cmd=(
   "$PYTHON" -m torch.distributed.run
   --nnodes="$NNODES"

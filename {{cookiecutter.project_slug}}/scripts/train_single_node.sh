@@ -18,6 +18,8 @@ Environment:
   NPROC_PER_NODE   processes to start: 'auto' (one per visible GPU, 2 on a
                    CPU-only machine) or a number      [default: $DEFAULT_NPROC_PER_NODE]
   MAX_RESTARTS     times torchrun restarts the workers after a failure [default: 0]
+  TORCH_DISABLE_SHARE_RDZV_TCP_STORE  1 gives each restart a fresh rendezvous
+                   store, so that restarted workers connect [default: 1]
   OMP_NUM_THREADS  threads per process     [default: CPU cores / NPROC_PER_NODE]
   PYTHON           interpreter with torch installed  [default: python, else python3]
   CUDA_VISIBLE_DEVICES restricts which GPUs are used (and counted by 'auto').

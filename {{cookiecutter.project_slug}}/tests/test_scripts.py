@@ -1,19 +1,22 @@
 """The launch scripts in scripts/: help text, the torchrun command they build, and bad settings.
 
-No test here starts torchrun. PYTHON points at a recorder that writes down how it was called, so
-each test reads the exact command a script would have run, or proves that nothing was run.
+No test here starts torchrun. PYTHON, srun and scontrol point at a recorder that writes down how it
+was called, so each test reads the exact command a script would have run, or proves that nothing was
+run. No test needs SLURM, a GPU or the network.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO_ROOT / "scripts"
@@ -31,26 +34,44 @@ LAUNCH_VARIABLES = (
     "MAX_RESTARTS",
     "OMP_NUM_THREADS",
     "PYTHON",
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
 )
 
 needs_slurm_script = pytest.mark.skipif(not SLURM_SCRIPT.exists(), reason="generated without the SLURM script")
 
+# Stands in for python (torchrun), srun and scontrol. As scontrol it prints FAKE_HOST_COUNT host names
+# (FAKE_HOST_PREFIX1, FAKE_HOST_PREFIX2, ...) the way a real one does on a long list: the first line,
+# a pause, then the rest in several writes; a reader that has gone by then kills it with SIGPIPE.
 RECORDER = """\
-import json, os, sys
+import json, os, signal, sys, time
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # die of SIGPIPE, as the real (C) programs do
+program = os.path.basename(sys.argv[1])
 with open(os.environ["RECORD_FILE"], "a") as record:
     record.write(json.dumps({
-        "program": os.path.basename(sys.argv[1]),
+        "program": program,
         "argv": sys.argv[2:],
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE"),
         "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
     }) + "\\n")
-if sys.argv[2:3] == ["-c"]:  # the GPU count asked for by NPROC_PER_NODE=auto
+if program == "scontrol":
+    if os.environ.get("FAKE_SCONTROL_STATUS", "0") != "0":
+        sys.stderr.write("scontrol: error: Unable to contact slurm controller\\n")
+        sys.exit(int(os.environ["FAKE_SCONTROL_STATUS"]))
+    prefix = os.environ.get("FAKE_HOST_PREFIX", "node")
+    names = [f"{prefix}{i}\\n".encode() for i in range(1, int(os.environ.get("FAKE_HOST_COUNT", "2")) + 1)]
+    os.write(1, b"".join(names[:1]))
+    time.sleep(float(os.environ.get("FAKE_SCONTROL_PAUSE", "0")))
+    rest = b"".join(names[1:])
+    for start in range(0, len(rest), 16384):
+        os.write(1, rest[start:start + 16384])
+elif sys.argv[2:3] == ["-c"]:  # the GPU count asked for by NPROC_PER_NODE=auto
     print(os.environ.get("FAKE_GPU_COUNT", "0"))
 """
 
 
 class Launcher:
-    """Runs the scripts with a recording PYTHON (and fake srun/scontrol) in a clean environment."""
+    """Runs the scripts with a recording PYTHON, srun and scontrol in a clean environment."""
 
     def __init__(self, tmp_path: Path) -> None:
         self.record_file = tmp_path / "calls.jsonl"
@@ -58,9 +79,8 @@ class Launcher:
         self.bin.mkdir()
         recorder = tmp_path / "recorder.py"
         recorder.write_text(RECORDER)
-        for name in ("python", "srun"):
+        for name in ("python", "srun", "scontrol"):
             self._write_executable(name, f'#!/bin/sh\nexec "{sys.executable}" "{recorder}" "$0" "$@"\n')
-        self._write_executable("scontrol", "#!/bin/sh\nprintf 'node1\\nnode2\\n'\n")
         self.env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES and not k.startswith("SLURM_")}
         self.env.update(PYTHON=str(self.bin / "python"), RECORD_FILE=str(self.record_file))
         self.env["PATH"] = f"{self.bin}{os.pathsep}{self.env.get('PATH', '')}"
@@ -94,8 +114,8 @@ class Launcher:
         return [json.loads(line) for line in self.record_file.read_text().splitlines()]
 
     def launch_call(self) -> dict:
-        """The one call that would have started torchrun (the GPU count call left out)."""
-        launches = [call for call in self.calls() if call["argv"][:1] != ["-c"]]
+        """The one call that would have started torchrun (the GPU count and scontrol calls left out)."""
+        launches = [call for call in self.calls() if call["argv"][:1] != ["-c"] and call["program"] != "scontrol"]
         assert len(launches) == 1, launches
         return launches[0]
 
@@ -115,13 +135,22 @@ def config_file(tmp_path: Path) -> str:
 MULTI_NODE_ENV = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "NPROC_PER_NODE": "1"}
 SLURM_ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NNODES": "2", "NPROC_PER_NODE": "1"}
 
-COMMON_HELP_WORDS = ["NPROC_PER_NODE", "MAX_RESTARTS", "OMP_NUM_THREADS", "PYTHON"]
+COMMON_HELP_WORDS = [
+    "NPROC_PER_NODE",
+    "MAX_RESTARTS",
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+    "OMP_NUM_THREADS",
+    "PYTHON",
+]
 HELP_WORDS = {
     "train_single_node.sh": COMMON_HELP_WORDS,
     "train_multi_node.sh": COMMON_HELP_WORDS
-    + ["NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NCCL_DEBUG=INFO", "NCCL_SOCKET_IFNAME"],
+    + ["NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS=1"]
+    + ["--ddp_timeout", "NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS", "NCCL_SOCKET_IFNAME"],
     "train_slurm.sbatch": COMMON_HELP_WORDS + ["MASTER_PORT", "sbatch"],
 }
+# torchrun already sets it, and 3 (not 1) is the default: advice to set it to 1 does nothing.
+USELESS_HELP_WORDS = ["TORCH_NCCL_ASYNC_ERROR_HANDLING"]
 
 
 @pytest.mark.parametrize("flag", ["-h", "--help"])
@@ -134,6 +163,8 @@ def test_help_lists_the_environment_and_starts_nothing(launcher: Launcher, scrip
     assert result.stdout.startswith("Usage:")
     for word in HELP_WORDS[script]:
         assert word in result.stdout, f"{word} missing from {script} {flag}"
+    for word in USELESS_HELP_WORDS:
+        assert word not in result.stdout, f"{script} {flag} still advises {word}"
     assert launcher.calls() == []
 
 
@@ -216,6 +247,14 @@ BAD_SETTINGS = [
         ["configs/missing.yml"],
         "configs/missing.yml",
         id="slurm-missing-config",
+        marks=needs_slurm_script,
+    ),
+    pytest.param(
+        "train_slurm.sbatch",
+        {**SLURM_ENV, "SLURM_JOB_NODELIST": None},
+        [],
+        "SLURM_JOB_NODELIST",
+        id="slurm-nodelist-unset",
         marks=needs_slurm_script,
     ),
 ]
@@ -318,8 +357,16 @@ def test_omp_num_threads_set_by_the_user_is_kept(launcher: Launcher) -> None:
 
 
 @needs_slurm_script
+@pytest.mark.parametrize(
+    ("job_cpus", "srun_cpus"),
+    [
+        ({"SLURM_CPUS_PER_GPU": "8"}, "--cpus-per-gpu=8"),  # what the #SBATCH lines ask for
+        ({"SLURM_CPUS_PER_TASK": "16"}, "--cpus-per-task=16"),  # a header edited to ask per task
+    ],
+    ids=["cpus-per-gpu", "cpus-per-task"],
+)
 def test_slurm_runs_one_torchrun_per_node_meeting_on_the_first_node(
-    launcher: Launcher, config_file: str, tmp_path: Path
+    launcher: Launcher, config_file: str, tmp_path: Path, job_cpus: dict, srun_cpus: str
 ) -> None:
     # sbatch runs a copy of the script from its spool folder: the repo must be found via SLURM_SUBMIT_DIR.
     spool = tmp_path / "spool"
@@ -331,8 +378,8 @@ def test_slurm_runs_one_torchrun_per_node_meeting_on_the_first_node(
         "--seed",
         "7",
         **SLURM_ENV,
+        **job_cpus,
         SLURM_SUBMIT_DIR=str(REPO_ROOT),
-        SLURM_CPUS_PER_TASK="8",
         MASTER_PORT="29123",
     )
     assert result.returncode == 0, result.stderr
@@ -341,7 +388,7 @@ def test_slurm_runs_one_torchrun_per_node_meeting_on_the_first_node(
     assert call["argv"] == [
         "--ntasks-per-node=1",
         "--kill-on-bad-exit=1",
-        "--cpus-per-task=8",
+        srun_cpus,  # srun does not always pass the job's CPUs on to its task, which runs every rank
         str(launcher.bin / "python"),
         "-m",
         "torch.distributed.run",
@@ -357,6 +404,155 @@ def test_slurm_runs_one_torchrun_per_node_meeting_on_the_first_node(
         "--seed",
         "7",
     ]
+
+
+@needs_slurm_script
+def test_slurm_reads_a_long_host_list_written_in_pieces_and_picks_the_first_host(launcher: Launcher) -> None:
+    # A real scontrol writes a long list in several writes. A reader that stops after the first line
+    # (`| head -n 1`) closes the pipe; scontrol then dies of SIGPIPE and, under pipefail, so did the job
+    # (status 141, no message).
+    hosts, prefix = 5000, "gpu-node-rack-a-"
+    assert sum(len(f"{prefix}{i}\n") for i in range(1, hosts + 1)) > 64 * 1024, "must not fit one pipe buffer"
+    nodelist = f"{prefix}[1-{hosts}]"
+    result = launcher.run(
+        "train_slurm.sbatch",
+        **{**SLURM_ENV, "SLURM_JOB_NODELIST": nodelist, "SLURM_NNODES": str(hosts)},
+        MASTER_PORT="29123",
+        FAKE_HOST_COUNT=str(hosts),
+        FAKE_HOST_PREFIX=prefix,
+        FAKE_SCONTROL_PAUSE="0.3",
+    )
+    assert result.returncode == 0, result.stderr
+    scontrol_calls = [call["argv"] for call in launcher.calls() if call["program"] == "scontrol"]
+    assert scontrol_calls == [["show", "hostnames", nodelist]]
+    argv = launcher.launch_call()["argv"]
+    assert f"--nnodes={hosts}" in argv
+    assert f"--rdzv-endpoint={prefix}1:29123" in argv
+
+
+@needs_slurm_script
+@pytest.mark.parametrize(
+    ("scontrol", "error_line"),
+    [
+        (
+            {"FAKE_SCONTROL_STATUS": "3"},
+            "error: 'scontrol show hostnames node[1-2]' failed with status 3: "
+            "cannot find the job's first node to host the rendezvous",
+        ),
+        (
+            {"FAKE_HOST_COUNT": "0"},
+            "error: 'scontrol show hostnames node[1-2]' printed no host name: "
+            "cannot find the job's first node to host the rendezvous",
+        ),
+    ],
+    ids=["scontrol-fails", "scontrol-prints-nothing"],
+)
+def test_slurm_without_a_first_host_stops_with_an_error_line_naming_scontrol(
+    launcher: Launcher, scontrol: dict, error_line: str
+) -> None:
+    result = launcher.run("train_slurm.sbatch", **SLURM_ENV, **scontrol)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == error_line
+    assert [call["program"] for call in launcher.calls() if call["program"] == "srun"] == []
+
+
+# The same ERR trap (scripts/_common.sh) serves every launch script: a probe sources it the same way.
+UNEXPECTED_FAILURES = [
+    pytest.param(
+        "first_line() { yes | head -n 1; }\nfirst_line >/dev/null\n",
+        141,
+        "error: probe.sh: 'head -n 1' failed with status 141 (probe.sh line 4; pipeline statuses: 141 0)",
+        id="reader-stops-early-in-a-function",
+    ),
+    pytest.param(
+        "hosts=\"$(sh -c 'echo node1; exit 3')\"\n",
+        3,
+        "error: probe.sh: 'hosts=\"$(sh -c 'echo node1; exit 3')\"' failed with status 3 (probe.sh line 4)",
+        id="command-substitution-named-once",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "error_line"), UNEXPECTED_FAILURES)
+def test_unexpected_failure_ends_with_one_error_line_naming_the_command(
+    tmp_path: Path, body: str, status: int, error_line: str
+) -> None:
+    probe = tmp_path / "probe.sh"
+    probe.write_text(f'set -euo pipefail\nsource "{SCRIPTS / "_common.sh"}"\n\n{body}echo "not reached"\n')
+    result = subprocess.run(["bash", str(probe)], check=False, capture_output=True, text=True, timeout=60)
+    assert result.returncode == status
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [error_line]
+
+
+LAUNCHES = [
+    pytest.param("train_single_node.sh", {"NPROC_PER_NODE": "1"}, id="single-node"),
+    pytest.param("train_multi_node.sh", MULTI_NODE_ENV, id="multi-node"),
+    pytest.param("train_slurm.sbatch", SLURM_ENV, id="slurm", marks=needs_slurm_script),
+]
+
+
+@pytest.mark.parametrize(("script", "env"), LAUNCHES)
+def test_torchrun_gets_a_fresh_rendezvous_store_per_restart_by_default(
+    launcher: Launcher, script: str, env: dict
+) -> None:
+    # Restarted workers otherwise read the previous attempt's addresses (pytorch/pytorch#135712).
+    result = launcher.run(script, **env)
+    assert result.returncode == 0, result.stderr
+    assert launcher.launch_call()["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+
+@pytest.mark.parametrize(("script", "env"), LAUNCHES)
+def test_rendezvous_store_sharing_chosen_by_the_user_is_kept(launcher: Launcher, script: str, env: dict) -> None:
+    result = launcher.run(script, **env, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="0")
+    assert result.returncode == 0, result.stderr
+    assert launcher.launch_call()["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "0"
+
+
+def sbatch_directives() -> list[str]:
+    """The #SBATCH lines sbatch reads: those before the first command."""
+    lines = []
+    for line in SLURM_SCRIPT.read_text().splitlines()[1:]:
+        if not line.startswith("#"):
+            break
+        if line.startswith("#SBATCH"):
+            lines.append(line)
+    return lines
+
+
+def default_nproc_per_node() -> str:
+    result = subprocess.run(
+        ["bash", "-c", 'source scripts/_common.sh && printf %s "$DEFAULT_NPROC_PER_NODE"'],
+        cwd=REPO_ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return result.stdout
+
+
+@needs_slurm_script
+def test_sbatch_requests_one_gpu_per_rank_with_a_working_directive() -> None:
+    # With nproc_per_node 'auto' the request used to be rendered commented out, and the job
+    # stopped at its first use of a GPU.
+    default = default_nproc_per_node()
+    expected = "8" if default == "auto" else default
+    gpu_requests = [line for line in sbatch_directives() if "gpus-per-node" in line or "gres" in line]
+    assert gpu_requests == [f"#SBATCH --gpus-per-node={expected}"]
+    assert [line for line in SLURM_SCRIPT.read_text().splitlines() if line.startswith("##SBATCH")] == []
+
+
+@needs_slurm_script
+def test_sbatch_gives_each_gpu_a_cpu_for_its_rank_and_one_per_loader_worker() -> None:
+    # Per GPU, not per task: one task per node runs every rank of the node, and the CPUs must follow
+    # the GPU count when sbatch is given another --gpus-per-node.
+    directives = sbatch_directives()
+    assert not [line for line in directives if "cpus-per-task" in line]
+    cpus = [re.fullmatch(r"#SBATCH --cpus-per-gpu=(\d+)", line) for line in directives]
+    cpus_per_gpu = [int(match.group(1)) for match in cpus if match]
+    assert len(cpus_per_gpu) == 1, directives
+    workers = yaml.safe_load((REPO_ROOT / "configs" / "default.yaml").read_text()).get("dataloader_num_workers", 0)
+    assert cpus_per_gpu[0] >= 1 + workers
 
 
 def test_scripts_parse_in_bash() -> None:
