@@ -8,12 +8,19 @@ BIN := $(VENV)/bin
 # The venv's tools (python, shellcheck, cookiecutter) first, also for the scripts the tests start.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 SMOKE_DIR ?= build/smoke
+# The index pip takes torch from: the PyTorch CPU index where nvidia-smi is absent (on Linux
+# the default index serves the multi-GB CUDA build), else the default index.
+# TORCH_INDEX_URL= (empty) forces the default index; a URL forces that index.
+TORCH_INDEX_URL ?= $(if $(shell command -v nvidia-smi),,https://download.pytorch.org/whl/cpu)
+# The torch pin, kept in requirements-dev.txt only.
+TORCH_REQUIREMENT := $(shell grep -E '^torch[=<>~ ]' requirements-dev.txt)
 
 .PHONY: smoke test test-fast lint bench clean
 
 $(BIN)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(if $(TORCH_INDEX_URL),--index-url "$(TORCH_INDEX_URL)") "$(TORCH_REQUIREMENT)"
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
 	touch $@
 

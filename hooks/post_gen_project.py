@@ -5,10 +5,10 @@ The answers arrive as data: one JSON literal (``ANSWERS_JSON``), never pasted in
 
 Steps, in order:
 
-1. Keep the chosen training loop as ``src/<package>/train.py`` and its DDP probe as
-   ``tests/ddp_probe.py``; delete the other loop, the other probe, the native-loop
-   tests for the Trainer loop, and the sbatch script when include_slurm is false.
-   A file this step expects but cannot find is a template bug: refused.
+1. Keep the chosen files (``PER_LOOP_FILES``, ``KEPT_ONLY_WHEN``): the chosen loop's
+   ``<name>_<loop>.py`` becomes ``<name>.py`` and the other loop's is deleted, and a
+   file kept only for an answer (native-only modules, the sbatch script) is deleted
+   for any other. A file this step expects but cannot find is a template bug: refused.
 2. Make ``scripts/*.sh`` and ``scripts/*.sbatch`` executable.
 3. Refuse the project if any text file still holds unrendered template text: a
    double-brace expression or a block tag that names ``cookiecutter``. Answers may
@@ -33,7 +33,7 @@ import shutil
 import sys
 import urllib.parse
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 # tojson writes ' as \u0027, so no answer can close this literal.
 ANSWERS_JSON = r'''{{ cookiecutter | tojson }}'''  # fmt: skip
@@ -55,37 +55,49 @@ class TemplateBug(Exception):
     """The rendered files are not what this hook was written for."""
 
 
-def chosen_file_moves(
-    package_name: str, training_loop: str, include_slurm: bool
-) -> tuple[dict[str, str], list[str]]:
+# The template ships <name>_<loop>.py for each loop; the project gets <name>.py.
+PER_LOOP_FILES = (
+    "src/{package}/train.py",
+    "src/{package}/training_args.py",
+    "tests/ddp_probe.py",
+    "tests/test_training_args.py",
+)
+# Files kept only when an answer has this value, deleted otherwise.
+KEPT_ONLY_WHEN = {
+    ("training_loop", "native"): (
+        "src/{package}/batching.py",
+        "src/{package}/checkpoint.py",
+        "tests/test_batching.py",
+        "tests/test_native_loop.py",
+    ),
+    ("include_slurm", True): ("scripts/train_slurm.sbatch",),
+}
+
+
+def chosen_file_moves(answers: Mapping[str, object]) -> tuple[dict[str, str], list[str]]:
     """Return ({source: destination} renames, [deletions]) as project-relative paths."""
-    other_loop = next(loop for loop in TRAINING_LOOPS if loop != training_loop)
-    package = f"src/{package_name}"
-    renames = {
-        f"{package}/train_{training_loop}.py": f"{package}/train.py",
-        f"tests/ddp_probe_{training_loop}.py": "tests/ddp_probe.py",
-    }
-    deletions = [f"{package}/train_{other_loop}.py", f"tests/ddp_probe_{other_loop}.py"]
-    if training_loop == "trainer":
-        deletions.append("tests/test_native_loop.py")
-    if not include_slurm:
-        deletions.append("scripts/train_slurm.sbatch")
+    renames, deletions = {}, []
+    for pattern in PER_LOOP_FILES:
+        path = PurePosixPath(pattern.format(package=answers["package_name"]))
+        for loop in TRAINING_LOOPS:
+            source = path.with_stem(f"{path.stem}_{loop}").as_posix()
+            if loop == answers["training_loop"]:
+                renames[source] = path.as_posix()
+            else:
+                deletions.append(source)
+    for (variable, value), patterns in KEPT_ONLY_WHEN.items():
+        if answers[variable] != value:
+            deletions += [pattern.format(package=answers["package_name"]) for pattern in patterns]
     return renames, deletions
 
 
 def keep_chosen_files(project: Path, answers: Mapping[str, object]) -> None:
-    renames, deletions = chosen_file_moves(
-        str(answers["package_name"]),
-        str(answers["training_loop"]),
-        bool(answers["include_slurm"]),
-    )
-    missing = [
-        path for path in [*renames, *deletions] if not (project / path).is_file()
-    ]
+    renames, deletions = chosen_file_moves(answers)
+    missing = [path for path in [*renames, *deletions] if not (project / path).is_file()]
     if missing:
         raise TemplateBug(
-            f"missing {', '.join(missing)}; the template must ship both training loops,"
-            " both DDP probes, tests/test_native_loop.py and scripts/train_slurm.sbatch"
+            f"missing {', '.join(missing)}; the template must ship every file that"
+            " PER_LOOP_FILES and KEPT_ONLY_WHEN in hooks/post_gen_project.py name"
         )
     for source, destination in renames.items():
         os.replace(project / source, project / destination)

@@ -1,10 +1,12 @@
-"""Shared fixtures: where the template is, its default answers, and a real render."""
+"""Shared helpers and fixtures: where the template is, its hooks, its answers, a real render."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from cookiecutter.generate import generate_context
@@ -12,13 +14,37 @@ from cookiecutter.main import cookiecutter
 from cookiecutter.prompt import prompt_for_config
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent
+HOOKS_DIR = TEMPLATE_DIR / "hooks"
+PROJECT_TEMPLATE = TEMPLATE_DIR / "{{cookiecutter.project_slug}}"
+PACKAGE_TEMPLATE = PROJECT_TEMPLATE / "src" / "{{cookiecutter.package_name}}"
 
 Render = Callable[..., Path]
 
 
-@pytest.fixture(scope="session")
-def template_dir() -> Path:
-    return TEMPLATE_DIR
+def load_hook(name: str, path: Path | None = None) -> ModuleType:
+    """Import a hook file as a plain module; its Jinja literal stays unrendered."""
+    spec = importlib.util.spec_from_file_location(name, path or HOOKS_DIR / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+pre_gen = load_hook("pre_gen_project")
+post_gen = load_hook("post_gen_project")
+
+
+def cookiecutter_json() -> dict:
+    return json.loads((TEMPLATE_DIR / "cookiecutter.json").read_text(encoding="utf-8"))
+
+
+def relative_files(root: Path) -> set[str]:
+    """Every file under root, as a POSIX path relative to root."""
+    return {path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file()}
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("ERROR:")]
 
 
 @pytest.fixture(scope="session")

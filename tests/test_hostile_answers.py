@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import error_lines
 from cookiecutter.exceptions import FailedHookException
 
 SLUG = "hostile-project"
@@ -206,11 +207,7 @@ def test_text_that_breaks_a_line_is_refused(
     answers = {variable: text, "project_slug": SLUG, "package_name": PACKAGE}
     with pytest.raises(FailedHookException):
         render(tmp_path, answers, replay=route == "replay")
-    lines = [
-        line
-        for line in capfd.readouterr().err.splitlines()
-        if line.startswith("ERROR:")
-    ]
+    lines = error_lines(capfd.readouterr().err)
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"ERROR: {variable}: ")
     assert list(tmp_path.iterdir()) == []

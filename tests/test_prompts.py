@@ -17,9 +17,7 @@ from pathlib import Path
 
 import pexpect
 import pytest
-from test_hooks import cookiecutter_json, pre_gen
-
-TEMPLATE_DIR = Path(__file__).resolve().parent.parent
+from conftest import TEMPLATE_DIR, cookiecutter_json, pre_gen
 
 # Every prompt ends with its default in parentheses, then ": " (colour codes between).
 PROMPT_END_RE = re.compile(r"\)(?:\x1b\[[0-9;]*m)*: ")

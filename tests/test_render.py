@@ -3,14 +3,11 @@
 Supported: the full product of the choice and boolean variables, training_loop x
 include_slurm x mixed_precision (2 x 2 x 4 = 16), each rendered once per session with
 the same non-default name, model, dataset and columns, so nothing can pass by being
-the default. Each render gets the exact file set, run bits, no template leftovers,
-ruff, ``bash -n`` and shellcheck, TOML/YAML parsing, and the recorded answers.
+the default. Each render gets the exact file set, the chosen loop's files, run bits,
+no template leftovers, ruff, ``bash -n`` and shellcheck, TOML/YAML parsing, and the
+recorded answers; one render per training loop and SLURM choice is replayed from them.
 
 Unsupported: ``UNSUPPORTED`` below, each refused with its one ERROR line.
-
-Re-rendering from the recorded answers is tested in test_hooks.py
-(``test_replaying_recorded_answers_reproduces_the_same_files``, API, bytes and modes;
-``test_command_line_accepts_the_recorded_answers_as_replay_file``, CLI), not here.
 
 The two ``rendered_suite`` tests run a rendered project's own tests (real torchrun,
 minutes); ``pytest -m "not rendered_suite"`` leaves them out.
@@ -18,6 +15,7 @@ minutes); ``pytest -m "not rendered_suite"`` leaves them out.
 
 from __future__ import annotations
 
+import ast
 import itertools
 import json
 import os
@@ -33,8 +31,16 @@ from typing import NamedTuple
 
 import pytest
 import yaml
+from conftest import (
+    PROJECT_TEMPLATE,
+    TEMPLATE_DIR,
+    cookiecutter_json,
+    error_lines,
+    pre_gen,
+    relative_files,
+)
 from cookiecutter.exceptions import FailedHookException
-from test_hooks import cookiecutter_json, error_lines, pre_gen
+from cookiecutter.utils import create_env_with_context
 
 # Answers shared by every render; slug and package name are left to derive.
 BASE_ANSWERS = {
@@ -70,6 +76,8 @@ SUPPORTED = [
         ["trainer", "native"], [True, False], ["auto", "bf16", "fp16", "no"]
     )
 ]
+# One per file set: precision only edits YAML.
+FILE_SET_RUNS = [combo for combo in SUPPORTED if combo.mixed_precision == "auto"]
 # One render per distinct repo (slurm only removes a file; precision only edits YAML).
 SUITE_RUNS = [
     Combination("trainer", True, "auto"),
@@ -102,21 +110,31 @@ COMMON_FILES = {
     f"src/{PACKAGE}/metrics.py",
     f"src/{PACKAGE}/modeling.py",
     f"src/{PACKAGE}/smoke.py",
-    f"src/{PACKAGE}/train.py",  # train_<loop>.py, renamed by post-gen
     "tests/conftest.py",
-    "tests/ddp_probe.py",  # ddp_probe_<loop>.py, renamed by post-gen
     "tests/test_ddp.py",
     "tests/test_launch_end_to_end.py",
     "tests/test_scripts.py",
     "tests/test_units.py",
 }
-NATIVE_ONLY_FILES = {"tests/test_native_loop.py"}
+# Each is <name>_<loop>.py in the template; post-gen keeps the chosen loop's as <name>.py.
+PER_LOOP_FILES = {
+    f"src/{PACKAGE}/train.py",
+    f"src/{PACKAGE}/training_args.py",
+    "tests/ddp_probe.py",
+    "tests/test_training_args.py",
+}
+NATIVE_ONLY_FILES = {
+    f"src/{PACKAGE}/batching.py",
+    f"src/{PACKAGE}/checkpoint.py",
+    "tests/test_batching.py",
+    "tests/test_native_loop.py",
+}
 SLURM_ONLY_FILES = {"scripts/train_slurm.sbatch"}
 LAUNCHERS = {"scripts/train_single_node.sh", "scripts/train_multi_node.sh"}
 
 
 def expected_files(combo: Combination) -> set[str]:
-    files = set(COMMON_FILES)
+    files = COMMON_FILES | PER_LOOP_FILES
     if combo.training_loop == "native":
         files |= NATIVE_ONLY_FILES
     if combo.include_slurm:
@@ -124,9 +142,13 @@ def expected_files(combo: Combination) -> set[str]:
     return files
 
 
-def relative_files(root: Path) -> set[str]:
+def recorded_answers(combo: Combination, default_answers: dict) -> dict[str, object]:
+    """What .cookiecutter.json must hold: every answer, slug and package derived."""
     return {
-        path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file()
+        **default_answers,
+        **combo.answers,
+        "project_slug": SLUG,
+        "package_name": PACKAGE,
     }
 
 
@@ -163,12 +185,7 @@ def test_supported_combinations_are_every_choice_product(default_answers):
     )
     assert set(SUPPORTED) == every_product
     for combo in SUPPORTED:
-        answers = {
-            **default_answers,
-            **combo.answers,
-            "project_slug": SLUG,
-            "package_name": PACKAGE,
-        }
+        answers = recorded_answers(combo, default_answers)
         assert pre_gen.find_first_problem(answers) is None, combo.id
 
 
@@ -184,20 +201,29 @@ def test_render_has_exactly_the_expected_files(rendered, combo):
 
 
 @pytest.mark.parametrize("combo", combination_params(SUPPORTED))
-def test_launch_scripts_are_executable_and_nothing_else_outside_scripts(
-    rendered, combo
+def test_per_loop_files_are_the_chosen_loops_template_files(
+    rendered, combo, default_answers
 ):
     project = rendered(combo)
+    answers = recorded_answers(combo, default_answers)
+    env = create_env_with_context({"cookiecutter": answers})
+    for name in sorted(PER_LOOP_FILES):
+        path = PROJECT_TEMPLATE / name.replace(PACKAGE, "{{cookiecutter.package_name}}")
+        source = path.with_stem(f"{path.stem}_{combo.training_loop}")
+        text = source.read_text(encoding="utf-8")
+        expected = env.from_string(text).render(cookiecutter=answers)
+        assert (project / name).read_text(encoding="utf-8") == expected, name
+
+
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED))
+def test_exactly_the_launch_scripts_are_executable_for_everyone(rendered, combo):
+    # scripts/_common.sh is sourced, never run: no run bits, like every other file.
+    project = rendered(combo)
     run_bits = stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
-    executable = {
-        name
-        for name in relative_files(project)
-        if (project / name).stat().st_mode & run_bits
-    }
+    modes = {name: (project / name).stat().st_mode for name in relative_files(project)}
+    executable = {name: mode & run_bits for name, mode in modes.items() if mode & run_bits}
     launchers = LAUNCHERS | (SLURM_ONLY_FILES if combo.include_slurm else set())
-    for name in launchers:
-        assert (project / name).stat().st_mode & run_bits == run_bits, name
-    assert {name for name in executable if not name.startswith("scripts/")} == set()
+    assert executable == dict.fromkeys(launchers, run_bits)
 
 
 # Unrendered Jinja: an expression or block naming cookiecutter, any block tag, or a
@@ -221,6 +247,19 @@ def test_no_unrendered_template_text(rendered, combo):
             if LEFTOVER_RE.search(line):
                 found[f"{name}:{number}"] = line.strip()
     assert found == {}
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        path.relative_to(PROJECT_TEMPLATE).as_posix()
+        for path in PROJECT_TEMPLATE.rglob("*.py")
+    ),
+)
+def test_template_python_file_parses_before_rendering(name):
+    # Jinja only in file names: ruff, an IDE and a reviewer read the template as code.
+    source = (PROJECT_TEMPLATE / name).read_text(encoding="utf-8")
+    ast.parse(source, filename=name)
 
 
 @pytest.mark.parametrize("combo", combination_params(SUPPORTED))
@@ -284,25 +323,63 @@ def test_configs_parse_and_default_yaml_holds_the_answers(rendered, combo):
 
 
 @pytest.mark.parametrize("combo", combination_params(SUPPORTED))
-def test_recorded_answers_are_the_answers(rendered, combo, default_answers):
+def test_recorded_answers_are_the_answers_without_local_paths(
+    rendered, combo, default_answers
+):
     project = rendered(combo)
-    recorded = json.loads((project / ".cookiecutter.json").read_text(encoding="utf-8"))
-    assert recorded == {
-        "cookiecutter": {
-            **default_answers,
-            **combo.answers,
-            "project_slug": SLUG,
-            "package_name": PACKAGE,
+    text = (project / ".cookiecutter.json").read_text(encoding="utf-8")
+    assert json.loads(text) == {"cookiecutter": recorded_answers(combo, default_answers)}
+    assert str(project.parent) not in text and str(TEMPLATE_DIR) not in text
+
+
+@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS))
+def test_replaying_recorded_answers_reproduces_the_same_files(
+    rendered, render, tmp_path, combo
+):
+    project = rendered(combo)
+    again = render(tmp_path, replay_file=project / ".cookiecutter.json")
+
+    def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
+        return {
+            name: ((root / name).read_bytes(), (root / name).stat().st_mode & 0o777)
+            for name in relative_files(root)
         }
-    }
+
+    assert snapshot(again) == snapshot(project)
 
 
-def test_sbatch_requests_gpus_when_nproc_per_node_is_a_number(render, tmp_path):
-    # The one {% if %} in the template: 'auto' leaves the request commented out.
-    project = render(tmp_path, {"include_slurm": True, "nproc_per_node": "4"})
+def test_command_line_accepts_the_recorded_answers_as_replay_file(
+    rendered, tmp_path, cookiecutter_config
+):
+    project = rendered(Combination("native", False, "auto"))
+    result = run(
+        [
+            sys.executable,
+            "-m",
+            "cookiecutter",
+            "--config-file",
+            str(cookiecutter_config),
+            "--replay-file",
+            str(project / ".cookiecutter.json"),
+            "-o",
+            str(tmp_path),
+            str(TEMPLATE_DIR),
+        ],
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert relative_files(tmp_path / project.name) == relative_files(project)
+
+
+@pytest.mark.parametrize(("nproc_per_node", "gpus"), [("4", "4"), ("auto", "8")])
+def test_sbatch_requests_working_gpus_and_cpus_per_gpu(render, tmp_path, nproc_per_node, gpus):
+    # The one {% if %} in the template: 'auto' requests 8 GPUs, a guess the comment says to change.
+    project = render(tmp_path, {"include_slurm": True, "nproc_per_node": nproc_per_node})
     sbatch = project / "scripts" / "train_slurm.sbatch"
     lines = sbatch.read_text(encoding="utf-8").splitlines()
-    assert "#SBATCH --gpus-per-node=4" in lines
+    assert f"#SBATCH --gpus-per-node={gpus}" in lines
+    assert "#SBATCH --cpus-per-gpu=8" in lines
+    assert not [line for line in lines if line.startswith(("##SBATCH", "#SBATCH --cpus-per-task"))]
     result = run(["bash", "-n", str(sbatch)], project)
     assert result.returncode == 0, result.stderr
     shellcheck = shutil.which("shellcheck")
@@ -398,15 +475,8 @@ def test_rendered_repo_passes_its_own_test_suite(rendered, combo, tmp_path):
         if name not in {"PYTHONPATH", "PYTEST_ADDOPTS", "PYTEST_PLUGINS"}
     }
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=900,
-    )
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+    result = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, check=False, timeout=900)
     output = result.stdout + result.stderr
     counts = summary_counts(result.stdout)
     assert result.returncode == 0, output[-6000:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import subprocess
@@ -11,9 +12,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from {{ cookiecutter.package_name }}.smoke import make_smoke_assets
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# The one package under src/, found at run time so that this file is plain Python before rendering.
+PACKAGE = next(path.parent.name for path in (REPO_ROOT / "src").glob("*/__init__.py"))
+IS_NATIVE = (REPO_ROOT / "src" / PACKAGE / "checkpoint.py").is_file()  # the native loop's own module
+
+
+def package_module(name: str):
+    """Import <package>.<name>, e.g. package_module("train")."""
+    return importlib.import_module(f"{PACKAGE}.{name}")
+
+
 SMOKE_CONFIG = REPO_ROOT / "configs" / "smoke.yaml"
 SMOKE = yaml.safe_load(SMOKE_CONFIG.read_text())
 TRAIN_SIZE = 256  # divisible by 2 ranks x the smoke batch, so shards can be exactly disjoint
@@ -22,7 +31,8 @@ EVAL_SIZE = 101  # odd: a naive distributed eval would count one example twice
 
 @pytest.fixture(scope="session")
 def smoke_assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_smoke_assets(tmp_path_factory.mktemp("smoke_assets"), train_size=TRAIN_SIZE, eval_size=EVAL_SIZE)
+    folder = tmp_path_factory.mktemp("smoke_assets")
+    return package_module("smoke").make_smoke_assets(folder, train_size=TRAIN_SIZE, eval_size=EVAL_SIZE)
 
 
 def smoke_flags(assets: Path, output_dir: Path) -> list[str]:

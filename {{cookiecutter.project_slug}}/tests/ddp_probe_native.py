@@ -7,48 +7,53 @@ from, logged losses and every log entry) and rank<RANK>.safetensors (its final w
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
 
 from safetensors.torch import save_file
 
-from {{ cookiecutter.package_name }} import train
-from {{ cookiecutter.package_name }}.config import parse_args
-from {{ cookiecutter.package_name }}.distributed import cleanup_distributed
+PACKAGE = next(path.parent.name for path in (Path(__file__).resolve().parents[1] / "src").glob("*/__init__.py"))
+train = importlib.import_module(f"{PACKAGE}.train")
+batching = importlib.import_module(f"{PACKAGE}.batching")
+checkpoint = importlib.import_module(f"{PACKAGE}.checkpoint")
+config = importlib.import_module(f"{PACKAGE}.config")
+distributed = importlib.import_module(f"{PACKAGE}.distributed")
 
 
 class IndexRecorder:
     """Wraps the collator to note each example's index, epoch by epoch, in the order the loop fetches it."""
 
-    def __init__(self, loop: train.TrainingLoop) -> None:
-        self.loop = loop
-        self.collator = loop.collator
+    def __init__(self, job) -> None:
+        self.job = job
+        self.collator = job.collator
         self.epochs: dict[int, list[int]] = {}
 
     def __call__(self, features: list[dict]) -> dict:
         # The loop fetches a step's micro-batches before it advances, so this is their epoch.
-        indices = self.epochs.setdefault(self.loop.progress.epoch, [])
-        indices.extend(feature.pop("sample_index") for feature in features)
+        self.epochs.setdefault(self.job.epoch, []).extend(feature.pop("sample_index") for feature in features)
         return self.collator(features)
 
 
 def main() -> None:
-    model_args, data_args, training_args = parse_args(sys.argv[1:])
-    env = train.setup(training_args)
+    model_args, data_args, args = config.parse_args(train.TrainingArguments, sys.argv[1:])
+    resumed_from = args.resume_from_checkpoint or checkpoint.newest_checkpoint(args.output_dir)
+    env = train.setup_distributed(args)
     try:
-        loop = train.build_loop(env, model_args, data_args, training_args)
+        job = train.build_job(env, model_args, data_args, args)
+        first_step = job.step
         # The same sampler over the same examples, plus an index column for the recorder.
-        recorder = IndexRecorder(loop)
-        indexed = loop.train_set.add_column("sample_index", list(range(len(loop.train_set))))
-        loop.train_loader = train.build_loader(
-            indexed, training_args, recorder, training_args.per_device_train_batch_size, env, loop.train_sampler
-        )
-        train.train_and_evaluate(loop)
+        recorder = IndexRecorder(job)
+        indexed = job.data.train.add_column("sample_index", list(range(len(job.data.train))))
+        job.train_loader = batching.build_loader(indexed, args, recorder, args.per_device_train_batch_size,
+                                                 on_gpu=False, sampler=job.sampler)
+        train.train_and_evaluate(job)
+        history = job.history
     finally:
-        cleanup_distributed()
+        distributed.cleanup_distributed()
 
-    probe_dir = Path(training_args.output_dir) / "probe"
+    probe_dir = Path(args.output_dir) / "probe"
     probe_dir.mkdir(parents=True, exist_ok=True)
     fetched = [indices for _, indices in sorted(recorder.epochs.items()) if indices]
     record = {
@@ -56,13 +61,13 @@ def main() -> None:
         "world_size": env.world_size,
         "train_indices_per_epoch": [sorted(indices) for indices in fetched],  # which examples (test_ddp.py)
         "train_order_per_epoch": fetched,  # and in which order (the resume tests)
-        "steps_run": loop.run_steps,
-        "resumed_from": loop.resumed_from,
-        "logged_losses": [entry["loss"] for entry in loop.log_history if "loss" in entry],
-        "log_history": loop.log_history,
+        "steps_run": job.step - first_step,
+        "resumed_from": str(resumed_from) if resumed_from else None,
+        "logged_losses": [entry["loss"] for entry in history if "loss" in entry],  # rank 0 logs; others: []
+        "log_history": history,
     }
     (probe_dir / f"rank{env.rank}.json").write_text(json.dumps(record))
-    state = {name: tensor.detach().cpu().contiguous().clone() for name, tensor in loop.unwrapped.state_dict().items()}
+    state = {name: tensor.detach().cpu().contiguous().clone() for name, tensor in job.module.state_dict().items()}
     save_file(state, probe_dir / f"rank{env.rank}.safetensors")
 
 

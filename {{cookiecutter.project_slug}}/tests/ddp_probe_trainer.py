@@ -7,6 +7,7 @@ rank<RANK>.safetensors (its final weights).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -15,8 +16,9 @@ from pathlib import Path
 from safetensors.torch import save_file
 from transformers import TrainerCallback
 
-from {{ cookiecutter.package_name }} import train
-from {{ cookiecutter.package_name }}.config import parse_args
+PACKAGE = next(path.parent.name for path in (Path(__file__).resolve().parents[1] / "src").glob("*/__init__.py"))
+train = importlib.import_module(f"{PACKAGE}.train")
+config = importlib.import_module(f"{PACKAGE}.config")
 
 
 class ShardRecorder(TrainerCallback):
@@ -40,7 +42,7 @@ class ShardRecorder(TrainerCallback):
 
 
 def main() -> None:
-    model_args, data_args, training_args = parse_args(sys.argv[1:])
+    model_args, data_args, training_args = config.parse_args(train.TrainingArguments, sys.argv[1:])
     train.prepare_run(training_args)
     trainer = train.build_trainer(model_args, data_args, training_args)
     recorder = ShardRecorder(trainer.data_collator)
@@ -58,7 +60,7 @@ def main() -> None:
         "world_size": trainer.args.world_size,
         "train_indices_per_epoch": [sorted(indices) for indices in recorder.epochs if indices],
         "steps_run": recorder.steps,
-        "resumed_from": resumed_from,
+        "resumed_from": str(resumed_from) if resumed_from else None,
         "logged_losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
     }
     (probe_dir / f"rank{rank}.json").write_text(json.dumps(record))

@@ -9,16 +9,29 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import EVAL_SIZE, REPO_ROOT, SMOKE, TRAIN_SIZE, smoke_flags, torchrun
+from conftest import (
+    EVAL_SIZE,
+    PACKAGE,
+    REPO_ROOT,
+    SMOKE,
+    TRAIN_SIZE,
+    package_module,
+    run_env,
+    smoke_flags,
+    torchrun,
+)
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from {{ cookiecutter.package_name }}.metrics import classification_metrics
+classification_metrics = package_module("metrics").classification_metrics
 
 PROBE = str(REPO_ROOT / "tests" / "ddp_probe.py")
 STEPS_PER_EPOCH = TRAIN_SIZE // (2 * SMOKE["per_device_train_batch_size"])  # 2 ranks
@@ -116,7 +129,7 @@ def test_label_names_are_saved_in_the_model_config(first_run: dict) -> None:
 
 
 def test_only_rank_zero_logs(first_run: dict) -> None:
-    assert first_run["log"].count("train examples:") == 1
+    assert first_run["log"].count(" train examples, ") == 1
     assert first_run["log"].count("metrics written to") == 1
 
 
@@ -151,7 +164,7 @@ GRADIENT_CHECK_SCRIPT = textwrap.dedent(
 
     import torch
     import torch.distributed as dist
-    from {{ cookiecutter.package_name }}.distributed import assert_gradients_synchronised
+    from {package}.distributed import assert_gradients_synchronised
 
     mode, out_dir = sys.argv[1], Path(sys.argv[2])
     dist.init_process_group("gloo")
@@ -175,9 +188,86 @@ def test_gradient_sync_check_refuses_ranks_that_do_not_share_gradients(
     tmp_path: Path, mode: str, expected: str
 ) -> None:
     script = tmp_path / "check.py"
-    script.write_text(GRADIENT_CHECK_SCRIPT)
+    script.write_text(GRADIENT_CHECK_SCRIPT.replace("{package}", PACKAGE))
     # check=False: the outcome files are the result. With torch 2.13 a gloo process sometimes
     # aborts at interpreter exit ("terminate called without an active exception") after its work.
     torchrun([str(script), mode, str(tmp_path)], check=False)
     outcomes = [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)]
     assert all(outcome.startswith(expected) for outcome in outcomes), outcomes
+
+
+def run_single_process(flags: list[str]) -> subprocess.CompletedProcess:
+    """Plain `python -m <package>.train`, one process, no torchrun."""
+    return subprocess.run([sys.executable, "-m", f"{PACKAGE}.train", *flags], cwd=REPO_ROOT, env=run_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_do_eval_false_trains_without_evaluating(smoke_assets: Path, tmp_path: Path) -> None:
+    result = run_single_process([*smoke_flags(smoke_assets, tmp_path), "--max_steps", "2", "--do_eval", "false"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert "train_loss" in metrics and not [key for key in metrics if key.startswith("eval_")]
+
+
+def test_do_train_false_only_evaluates_the_loaded_model(first_run: dict, smoke_assets: Path, tmp_path: Path) -> None:
+    flags = smoke_flags(smoke_assets, tmp_path)
+    flags[flags.index("--model_name_or_path") + 1] = str(first_run["output_dir"])  # the trained model
+    result = run_single_process([*flags, "--do_train", "false"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    trained = json.loads((first_run["output_dir"] / "metrics.json").read_text())
+    assert "train_loss" not in metrics and metrics["eval_num_examples"] == EVAL_SIZE
+    assert metrics["eval_accuracy"] == trained["eval_accuracy"]
+    assert not list(tmp_path.glob("checkpoint-*")), "it trained anyway"
+
+
+def test_nothing_to_do_is_refused(smoke_assets: Path, tmp_path: Path) -> None:
+    result = run_single_process([*smoke_flags(smoke_assets, tmp_path), "--do_train", "false", "--do_eval", "false"])
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: --do_train false and --do_eval false leave nothing to do; keep at least one")
+
+
+def test_a_mistyped_resume_path_is_named_as_missing(smoke_assets: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "checkpoint-7"
+    result = run_single_process([*smoke_flags(smoke_assets, tmp_path / "out"),
+                                 "--resume_from_checkpoint", str(missing)])
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == f"error: --resume_from_checkpoint '{missing}' does not exist"
+
+
+AGREE_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from datetime import timedelta
+    from pathlib import Path
+
+    import torch.distributed as dist
+    from {package}.config import ConfigError
+    from {package}.distributed import agree_on_resume_checkpoint
+
+    checkpoint, out_dir = sys.argv[1], Path(sys.argv[2])
+    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    # Rank 1 stands for a node that cannot see the checkpoint (output_dir not on a shared filesystem).
+    problem = (lambda path: None) if dist.get_rank() == 0 else (lambda path: "does not exist")
+    try:
+        agree_on_resume_checkpoint(checkpoint, lambda: None, problem)
+        outcome = "went on"
+    except ConfigError as err:
+        outcome = "error: " + str(err)
+    (out_dir / ("rank%d.txt" % dist.get_rank())).write_text(outcome)
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_a_checkpoint_one_rank_cannot_read_fails_every_rank_at_once(tmp_path: Path) -> None:
+    """Not only the rank that cannot read it: the others would wait in their next collective until timeout."""
+    script = tmp_path / "agree.py"
+    script.write_text(AGREE_SCRIPT.replace("{package}", PACKAGE))
+    started = time.monotonic()
+    torchrun([str(script), str(tmp_path / "checkpoint-4"), str(tmp_path)], timeout=120)
+    assert time.monotonic() - started < 60  # the group's timeout is 600 s
+    expected = (f"error: checkpoint '{tmp_path / 'checkpoint-4'}' is on rank 0 but rank(s) 1 cannot read it "
+                "(does not exist): with several nodes, --output_dir must be on a filesystem every node shares")
+    assert [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)] == [expected, expected]

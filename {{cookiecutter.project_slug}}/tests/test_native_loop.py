@@ -1,5 +1,5 @@
 """What only the native loop has to prove: exact resume, gradient accumulation, atomic checkpoints,
-and refusing what it does not implement.
+exact evaluation, and refusing to resume what it cannot continue.
 
 The torchrun runs (2 CPU processes, gloo) happen once per module; every test reads their records
 (tests/ddp_probe.py writes one JSON and one safetensors file per rank).
@@ -7,33 +7,23 @@ The torchrun runs (2 CPU processes, gloo) happen once per module; every test rea
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState
-from conftest import EVAL_SIZE, REPO_ROOT, SMOKE_CONFIG, TRAIN_SIZE, run_env, smoke_flags, torchrun
+from conftest import EVAL_SIZE, PACKAGE, REPO_ROOT, TRAIN_SIZE, package_module, run_env, smoke_flags, torchrun
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from {{ cookiecutter.package_name }}.config import ConfigError, TrainingArguments, parse_args
-from {{ cookiecutter.package_name }}.data import DistributedLengthGroupedSampler
-from {{ cookiecutter.package_name }}.metrics import classification_metrics
-from {{ cookiecutter.package_name }}.train import (
-    HONOURED_FIELDS,
-    REWRITTEN_FIELDS,
-    TRAINING_STATE,
-    Progress,
-    ResumableSampler,
-    TrainingLoop,
-    check_supported,
-)
+batching = package_module("batching")
+classification_metrics = package_module("metrics").classification_metrics
+config = package_module("config")
+train = package_module("train")
+TRAINING_STATE = package_module("checkpoint").TRAINING_STATE
 
 PROBE = str(REPO_ROOT / "tests" / "ddp_probe.py")
 STEPS_PER_EPOCH = TRAIN_SIZE // (2 * 16)  # 2 ranks x per-device batch 16 (configs/smoke.yaml)
@@ -64,7 +54,7 @@ def assert_weights_close(expected: dict, actual: dict, atol: float) -> None:
 
 def run_single_process(args: list[str], script: str | None = None) -> subprocess.CompletedProcess:
     """Plain `python` without torchrun: the loop must run alone, as one process."""
-    command = [sys.executable, script] if script else [sys.executable, "-m", "{{ cookiecutter.package_name }}.train"]
+    command = [sys.executable, script] if script else [sys.executable, "-m", f"{PACKAGE}.train"]
     return subprocess.run([*command, *args], cwd=REPO_ROOT, env=run_env(), capture_output=True, text=True,
                           timeout=300)
 
@@ -272,137 +262,27 @@ def test_refuses_to_resume_under_a_different_batch_plan(uninterrupted: Path, smo
     assert [path.name for path in output_dir.iterdir()] == [checkpoint.name], "it trained anyway"
 
 
-def test_a_step_without_micro_batches_is_an_internal_error() -> None:
-    loop = SimpleNamespace(progress=Progress(global_step=20, epoch=2, step_in_epoch=4))
-    with pytest.raises(RuntimeError, match="no micro-batches for step 21"):
-        TrainingLoop._run_batch(loop, [])
+def test_a_loader_that_runs_out_before_the_plan_is_an_internal_error(smoke_assets: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch plan promises every step its micro-batches; a shorter loader must stop the run, not step on nothing."""
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    model_args, data_args, args = config.parse_args(train.TrainingArguments, smoke_flags(smoke_assets, tmp_path))
+    job = train.build_job(train.setup_distributed(args), model_args, data_args, args)
+    job.train_loader = batching.build_loader(job.data.train.select(range(32)), args, job.collator,
+                                             args.per_device_train_batch_size, on_gpu=False)
+    with pytest.raises(RuntimeError, match=r"the train loader ran out before step 3 \(epoch 0\)"):
+        train.train(job)
 
 
-def test_refuses_a_missing_checkpoint_path(smoke_assets: Path, tmp_path: Path) -> None:
-    missing = tmp_path / "checkpoint-7"
+def test_refuses_a_folder_that_is_not_a_checkpoint_of_this_loop(smoke_assets: Path, tmp_path: Path) -> None:
     result = run_single_process([*smoke_flags(smoke_assets, tmp_path / "out"),
-                                 "--resume_from_checkpoint", str(missing)])
+                                 "--resume_from_checkpoint", str(smoke_assets / "tiny-bert")])
     assert result.returncode == 2
-    assert f"--resume_from_checkpoint '{missing}'" in result.stderr
+    assert f"--resume_from_checkpoint '{smoke_assets / 'tiny-bert'}' holds no {TRAINING_STATE}" in result.stderr
 
 
 def test_refuses_a_batch_larger_than_the_train_set(smoke_assets: Path, tmp_path: Path) -> None:
     result = run_single_process([*smoke_flags(smoke_assets, tmp_path / "out"), "--max_train_samples", "10"])
     assert result.returncode == 2
     assert "fewer than one batch" in result.stderr
-
-
-# ---- flags the loop does not implement (in process: parsing and the check only) -------------
-
-
-@pytest.fixture
-def parse(monkeypatch: pytest.MonkeyPatch):
-    """TrainingArguments from a config file plus flags, parsed here as one process.
-
-    Parsing fills accelerate's process-wide state; it is reset afterwards, as in test_units.py.
-    """
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_CPU"):
-        monkeypatch.delenv(name, raising=False)
-    yield lambda *flags, config=SMOKE_CONFIG: parse_args([str(config), *flags])[2]
-    AcceleratorState._reset_state(reset_partial_state=True)
-
-
-CHECKPOINTING = "--activation_checkpointing (or --gradient_checkpointing)"
-UNSUPPORTED = {
-    "label_smoothing_factor": (["--label_smoothing_factor", "0.5"], "--label_smoothing_factor"),
-    "report_to": (["--report_to", "wandb"], "--report_to wandb"),
-    "eval_on_start": (["--eval_on_start", "true"], "--eval_on_start"),
-    "eval_delay": (["--eval_delay", "2"], "--eval_delay"),
-    "save_only_model": (["--save_only_model", "true"], "--save_only_model"),
-    "push_to_hub": (["--push_to_hub", "true", "--hub_model_id", "me/model"], "--push_to_hub"),
-    "torch_empty_cache_steps": (["--torch_empty_cache_steps", "4"], "--torch_empty_cache_steps"),
-    "optim": (["--optim", "sgd"], "--optim sgd"),
-    "batch_rebalance": (["--train_sampling_strategy", "batch_rebalance"], "--train_sampling_strategy batch_rebalance"),
-    "lr_scheduler_needing_metrics": (["--lr_scheduler_type", "reduce_lr_on_plateau", "--eval_strategy", "epoch"],
-                                     "--lr_scheduler_type reduce_lr_on_plateau"),
-    "save_strategy_best": (["--save_strategy", "best", "--metric_for_best_model", "accuracy"], "--save_strategy best"),
-    # Fields that TrainingArguments rewrites even when left alone (None -> False, "" -> [], a config object).
-    "activation_checkpointing": (["--activation_checkpointing", "true"], CHECKPOINTING),
-    "gradient_checkpointing": (["--gradient_checkpointing", "true"], CHECKPOINTING),  # its old name
-    "debug": (["--debug", "underflow_overflow"], "--debug"),
-    "accelerator_config": (["--accelerator_config", '{"split_batches": true}'], "--accelerator_config"),
-    "remove_unused_columns": (["--remove_unused_columns", "true"], "--remove_unused_columns"),
-    "torch_compile": (["--torch_compile_mode", "max-autotune"], "--torch_compile"),
-}
-
-
-@pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
-@pytest.mark.parametrize(("flags", "named"), UNSUPPORTED.values(), ids=UNSUPPORTED.keys())
-def test_refuses_a_training_argument_it_would_ignore(parse, flags: list[str], named: str) -> None:
-    with pytest.raises(ConfigError, match="is not supported by the native loop") as refusal:
-        check_supported(parse(*flags))
-    assert str(refusal.value).startswith(f"{named} is not supported by the native loop")
-    assert "use the Trainer variant or " in str(refusal.value)
-
-
-def test_label_smoothing_refusal_tells_what_to_do(parse) -> None:
-    with pytest.raises(ConfigError) as refusal:
-        check_supported(parse("--label_smoothing_factor", "0.5"))
-    assert str(refusal.value) == ("--label_smoothing_factor is not supported by the native loop; "
-                                  "use the Trainer variant or implement it in train.py")
-
-
-@pytest.mark.parametrize("config", ["smoke.yaml", "default.yaml"])
-def test_accepts_the_shipped_configs(parse, config: str) -> None:
-    """Nothing a user leaves alone is refused, however TrainingArguments rewrites its defaults."""
-    check_supported(parse("--mixed_precision", "no", config=REPO_ROOT / "configs" / config))
-
-
-def test_accepts_the_flags_it_honours(parse) -> None:
-    check_supported(parse("--report_to", "tensorboard", "--optim", "adamw_torch", "--eval_strategy", "steps",
-                          "--eval_steps", "5", "--do_train", "--do_eval", "--dataloader_num_workers", "2",
-                          "--lr_scheduler_type", "cosine", "--max_grad_norm", "0.5", "--ddp_timeout", "60",
-                          "--train_sampling_strategy", "random", "--dataloader_drop_last", "true"))
-
-
-def test_the_allow_list_names_real_training_arguments() -> None:
-    """A misspelt or renamed field would leave its real namesake checked against its default: refused."""
-    names = {field.name for field in dataclasses.fields(TrainingArguments)}
-    assert sorted((HONOURED_FIELDS | REWRITTEN_FIELDS.keys()) - names) == []
-    assert sorted(HONOURED_FIELDS & REWRITTEN_FIELDS.keys()) == []
-
-
-# ---- the length-grouped sampler (no processes needed) ---------------------------------------
-
-
-def shards(lengths: list[int], world_size: int, epoch: int, **options) -> list[list[int]]:
-    result = []
-    for rank in range(world_size):
-        sampler = DistributedLengthGroupedSampler(lengths, 4, num_replicas=world_size, rank=rank, seed=1, **options)
-        sampler.set_epoch(epoch)
-        result.append(list(sampler))
-    return result
-
-
-LENGTHS = [(7 * i) % 61 + 3 for i in range(103)]  # 103: not divisible by 2 ranks x batch 4
-
-
-def test_length_grouped_shards_are_even_disjoint_and_cover_everything() -> None:
-    rank0, rank1 = shards(LENGTHS, 2, epoch=0)
-    assert len(rank0) == len(rank1) == 52  # padded with one repeat so both ranks run 13 batches
-    assert set(rank0) | set(rank1) == set(range(len(LENGTHS)))
-    assert len(set(rank0) & set(rank1)) <= 1
-    rank0, rank1 = shards(LENGTHS, 2, epoch=0, drop_last=True)
-    assert len(rank0) == len(rank1) == 51 and set(rank0).isdisjoint(rank1)
-
-
-def test_length_grouped_order_is_seeded_per_epoch_and_groups_lengths() -> None:
-    assert shards(LENGTHS, 2, epoch=3) == shards(LENGTHS, 2, epoch=3)
-    assert shards(LENGTHS, 2, epoch=3) != shards(LENGTHS, 2, epoch=4)
-    rank0 = shards(LENGTHS, 2, epoch=0)[0]
-    spread = [max(LENGTHS[i] for i in rank0[b:b + 4]) - min(LENGTHS[i] for i in rank0[b:b + 4])
-              for b in range(0, len(rank0), 4)]
-    assert sum(spread) / len(spread) < 0.25 * (max(LENGTHS) - min(LENGTHS))
-
-
-def test_resumable_sampler_starts_the_epoch_after_the_examples_already_trained_on() -> None:
-    sampler = ResumableSampler(DistributedLengthGroupedSampler(LENGTHS, 4, num_replicas=2, rank=1, seed=1))
-    sampler.set_epoch(2)
-    whole = list(sampler)
-    sampler.set_epoch(2, start=12)
-    assert list(sampler) == whole[12:] and len(sampler) == len(whole) - 12

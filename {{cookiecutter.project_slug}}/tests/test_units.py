@@ -1,8 +1,9 @@
-"""Fast in-process tests of the shared modules: no torchrun, no network, a few seconds in all.
+"""Fast in-process tests of the modules both loops share: no torchrun, no network, a few seconds in all.
 
-Sections follow the modules: distributed, config, data (loading, labels, tokenising, collator,
-length-grouped sampler), metrics, modeling, smoke. The model and tokenizer are the tiny offline
-ones from smoke.py; data files are written into tmp_path.
+Sections follow the modules: distributed, config, data (loading, labels, tokenising, collator),
+metrics, modeling, smoke. Config files are parsed with the rendered loop's own TrainingArguments
+(every project has training_args.py), so each test here holds for either loop. The model and
+tokenizer are the tiny offline ones from smoke.py; data files are written into tmp_path.
 """
 
 from __future__ import annotations
@@ -10,38 +11,35 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import random
+import operator
 from pathlib import Path
 
 import huggingface_hub.constants
 import numpy as np
 import pytest
 import torch
+import yaml
 from accelerate.state import AcceleratorState
-from conftest import EVAL_SIZE, TRAIN_SIZE
+from conftest import EVAL_SIZE, PACKAGE, REPO_ROOT, TRAIN_SIZE, package_module
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 from safetensors.torch import load_file
+from transformers import AutoModelForSequenceClassification
 
-from {{ cookiecutter.package_name }} import smoke
-from {{ cookiecutter.package_name }}.config import (
-    ConfigError,
-    DataArguments,
-    ModelArguments,
-    TrainingArguments,
-    parse_args,
-)
-from {{ cookiecutter.package_name }}.data import (
-    DistributedLengthGroupedSampler,
-    build_collator,
-    label_names,
-    load_raw_datasets,
-    tokenize_datasets,
-)
-from {{ cookiecutter.package_name }}.distributed import check_really_distributed, resolve_device_settings
-from {{ cookiecutter.package_name }}.metrics import classification_metrics, write_metrics
-from {{ cookiecutter.package_name }}.modeling import load_model, load_tokenizer
 
-PACKAGE = "{{ cookiecutter.package_name }}"
+def names_from(module: str, *names: str) -> tuple:
+    """`from <package>.<module> import <names>`, for a package whose name conftest finds at run time."""
+    return operator.attrgetter(*names)(package_module(module))
+
+
+ConfigError, DataArguments, ModelArguments = names_from("config", "ConfigError", "DataArguments", "ModelArguments")
+build_collator, label_names, load_raw_datasets, tokenize_datasets = names_from(
+    "data", "build_collator", "label_names", "load_raw_datasets", "tokenize_datasets"
+)
+resolve_device_settings = package_module("distributed").resolve_device_settings
+classification_metrics, write_metrics = names_from("metrics", "classification_metrics", "write_metrics")
+load_model, load_tokenizer = names_from("modeling", "load_model", "load_tokenizer")
+smoke = package_module("smoke")
+TrainingArguments = package_module("training_args").TrainingArguments  # the rendered loop's own
 
 
 @pytest.fixture(autouse=True)
@@ -51,16 +49,21 @@ def isolated_process(monkeypatch: pytest.MonkeyPatch):
     huggingface_hub reads HF_HUB_OFFLINE once, at import, so the constant itself is patched: a
     missing model path then fails at once instead of retrying the Hub for ~20 s.
 
-    parse_args builds TrainingArguments, whose device setup fills accelerate's process-wide
-    PartialState. The tests here cannot leak into each other through it (transformers calls
-    AcceleratorState._reset_state(reset_partial_state=True) before every device setup), but the
-    state would outlive this module, so it is reset after each test.
+    In a Trainer project, parsing builds transformers' TrainingArguments, whose device setup fills
+    accelerate's process-wide PartialState. The tests here cannot leak into each other through it
+    (transformers resets that state before every device setup), but the state would outlive this
+    module, so it is reset after each test.
     """
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_CPU"):
         monkeypatch.delenv(name, raising=False)
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def parse_args(argv: list[str]) -> tuple:
+    """(model, data, training) arguments, parsed as this project's train.py parses them."""
+    return package_module("config").parse_args(TrainingArguments, argv)
 
 
 # ---- distributed: device, backend and precision ------------------------------------------------
@@ -150,22 +153,6 @@ def test_explicit_ddp_backend_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_device_settings("no", ddp_backend="nccl", cuda_available=True).ddp_backend == "nccl"
 
 
-def test_world_size_without_a_process_group_is_refused_naming_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert not torch.distributed.is_initialized()
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(RuntimeError, match=r"WORLD_SIZE=2 but this process would train with world size 1"):
-        check_really_distributed(1)
-    # Even a Trainer that claims world size 2 is refused while no process group spans it.
-    with pytest.raises(RuntimeError, match=r"process group size 1"):
-        check_really_distributed(2)
-
-
-def test_a_plain_single_process_run_passes_the_distribution_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert check_really_distributed(1) is None  # WORLD_SIZE unset
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    assert check_really_distributed(1) is None
-
-
 # ---- config: YAML/JSON then flags ---------------------------------------------------------------
 
 REQUIRED = ["--model_name_or_path", "some/model", "--train_file", "train.jsonl"]
@@ -216,6 +203,15 @@ def test_unknown_yaml_key_is_refused_by_name(tmp_path: Path) -> None:
         parse_args([config])
 
 
+def test_unknown_flag_is_refused_with_argparse_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as refusal:
+        parse_args([*REQUIRED, "--lerning_rate", "0.1"])
+    assert refusal.value.code == 2
+    stderr = capsys.readouterr().err
+    assert stderr.startswith("usage: ")
+    assert "error: unrecognized arguments: --lerning_rate 0.1" in stderr
+
+
 def test_missing_config_file_is_refused(tmp_path: Path) -> None:
     missing = str(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match=f"config file '{missing}' not found"):
@@ -234,62 +230,32 @@ def test_invalid_yaml_is_refused(tmp_path: Path) -> None:
         parse_args([config])
 
 
+@pytest.mark.parametrize("config", ["smoke.yaml", "default.yaml"])
+def test_shipped_configs_parse_and_every_value_lands(config: str) -> None:
+    path = REPO_ROOT / "configs" / config
+    # default.yaml holds the generated mixed_precision answer; fp16 is refused on a CPU-only machine.
+    parsed = {}
+    for arguments in parse_args([str(path), "--mixed_precision", "no"]):
+        parsed.update(vars(arguments))
+    values = yaml.safe_load(path.read_text())
+    values.pop("mixed_precision")
+    assert {key: parsed[key] for key in values} == values
+
+
 def test_defaults_suit_ddp_fine_tuning() -> None:
     _, data_args, training_args = parse_args(REQUIRED)
     assert training_args.train_sampling_strategy == "group_by_length"
     assert training_args.ddp_find_unused_parameters is False
-    assert training_args.remove_unused_columns is False
     assert (training_args.output_dir, training_args.save_total_limit, training_args.logging_steps) == ("outputs", 2, 10)
+    assert (training_args.do_train, training_args.do_eval) == (True, True)
+    default_precision = next(f.default for f in dataclasses.fields(TrainingArguments) if f.name == "mixed_precision")
+    assert default_precision == "auto"
     assert (data_args.max_seq_length, data_args.validation_split_percentage) == (512, 5)
 
 
-def test_mixed_precision_defaults_to_auto_and_reads_back_as_the_resolved_precision() -> None:
-    """transformers' own __post_init__ sets an attribute of the same name (what the Trainer hands to
-    Accelerator) from fp16/bf16, so after parsing the field holds the resolved precision, not 'auto'."""
-    default = next(f.default for f in dataclasses.fields(TrainingArguments) if f.name == "mixed_precision")
-    assert default == "auto"
-    _, _, training_args = parse_args(REQUIRED)
-    resolved = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "no"
-    assert training_args.mixed_precision == resolved
-    if not torch.cuda.is_available():
-        assert training_args.mixed_precision == "no"
-
-
-def test_accelerate_mixed_precision_env_cannot_override_the_resolved_precision(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
-    _, _, training_args = parse_args([*REQUIRED, "--mixed_precision", "no"])
-    assert (training_args.fp16, training_args.bf16) == (False, False)
-    assert training_args.mixed_precision == "no"
-
-
-def test_device_and_precision_follow_the_machine() -> None:
-    _, _, training_args = parse_args(REQUIRED)
-    assert training_args.ddp_backend is None  # a single process: no backend to choose
-    if not torch.cuda.is_available():
-        assert training_args.use_cpu is True
-        assert (training_args.fp16, training_args.bf16) == (False, False)
-    else:
-        bf16_ok = torch.cuda.is_bf16_supported()
-        assert training_args.use_cpu is False
-        assert (training_args.fp16, training_args.bf16) == (not bf16_ok, bf16_ok)
-
-
-def test_group_by_length_turns_off_the_seedable_sampler_and_random_keeps_it() -> None:
-    _, _, grouped = parse_args(REQUIRED)
-    assert grouped.accelerator_config.use_seedable_sampler is False
-    _, _, shuffled = parse_args([*REQUIRED, "--train_sampling_strategy", "random"])
-    assert shuffled.accelerator_config.use_seedable_sampler is True
-
-
-def test_an_explicit_accelerator_config_is_kept(tmp_path: Path) -> None:
-    config = write_yaml(tmp_path / "run.yaml", (
-        "model_name_or_path: m\ntrain_file: t.jsonl\naccelerator_config:\n  use_seedable_sampler: true\n"
-    ))
-    _, _, training_args = parse_args([config])
-    assert training_args.train_sampling_strategy == "group_by_length"
-    assert training_args.accelerator_config.use_seedable_sampler is True
+def test_nothing_to_do_is_refused() -> None:
+    with pytest.raises(ConfigError, match="--do_train false and --do_eval false leave nothing to do"):
+        parse_args([*REQUIRED, "--do_train", "false", "--do_eval", "false"])
 
 
 @pytest.mark.parametrize(("flags", "message"), [
@@ -310,11 +276,6 @@ def test_config_file_value_outside_a_flags_choices_is_refused(tmp_path: Path) ->
     ))
     with pytest.raises(ConfigError, match="train_sampling_strategy"):
         parse_args([config])
-
-
-def test_contradictory_precision_flags_are_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="--fp16 and --bf16"):
-        parse_args([*REQUIRED, "--fp16", "true", "--bf16", "true"])
 
 
 # ---- data: loading local files -----------------------------------------------------------------
@@ -499,96 +460,6 @@ def test_collator_pads_to_a_multiple_of_8_only_under_mixed_precision() -> None:
     assert build_collator(tokenizer, mixed_precision=False)(features_of_lengths(4, 10))["input_ids"].shape == (2, 10)
 
 
-# ---- data: the length-grouped distributed sampler ----------------------------------------------
-
-BATCH = 4
-
-
-def lognormal_lengths(count: int, seed: int = 0) -> list[int]:
-    """Long-tailed like real reviews (and like the smoke data)."""
-    rng = random.Random(seed)
-    return [min(120, max(6, int(rng.lognormvariate(3.0, 0.7)))) for _ in range(count)]
-
-
-def shards(lengths: list[int], world_size: int, epoch: int = 0, seed: int = 1, **options) -> list[list[int]]:
-    """Each rank's indices, from a sampler built on its own, as every rank does."""
-    result = []
-    for rank in range(world_size):
-        sampler = DistributedLengthGroupedSampler(lengths, BATCH, num_replicas=world_size, rank=rank, seed=seed,
-                                                  **options)
-        sampler.set_epoch(epoch)
-        indices = list(sampler)
-        assert len(indices) == len(sampler)
-        result.append(indices)
-    return result
-
-
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_length_grouped_shards_partition_the_data_when_divisible(world_size: int) -> None:
-    lengths = lognormal_lengths(48)  # 48 is divisible by 1, 2, 3 and 4
-    for epoch in (0, 1):
-        per_rank = shards(lengths, world_size, epoch)
-        assert [len(shard) for shard in per_rank] == [48 // world_size] * world_size
-        assert sorted(i for shard in per_rank for i in shard) == list(range(48))  # disjoint and covering
-
-
-@pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_length_grouped_shards_cover_everything_with_minimal_repeats_when_not_divisible(world_size: int) -> None:
-    lengths = lognormal_lengths(53)  # prime
-    per_rank = shards(lengths, world_size)
-    per_rank_len = -(-53 // world_size)
-    assert [len(shard) for shard in per_rank] == [per_rank_len] * world_size
-    everything = [i for shard in per_rank for i in shard]
-    assert set(everything) == set(range(53))
-    assert len(everything) - 53 == per_rank_len * world_size - 53  # only the padding repeats
-    dropped = shards(lengths, world_size, drop_last=True)
-    assert [len(shard) for shard in dropped] == [53 // world_size] * world_size
-    flat = [i for shard in dropped for i in shard]
-    assert len(set(flat)) == len(flat) == 53 - 53 % world_size
-
-
-def test_length_grouped_order_is_the_same_on_every_rank_and_steps_line_up() -> None:
-    lengths = lognormal_lengths(64)
-    per_rank = shards(lengths, 2, epoch=3)
-    assert per_rank == shards(lengths, 2, epoch=3)  # rebuilt from scratch: identical
-    # Step k on each rank is its slice of one length-sorted global batch: rank 0's shortest is at
-    # least rank 1's longest, so the ranks meet at the all-reduce with similar work.
-    for step in range(0, len(per_rank[0]), BATCH):
-        rank0, rank1 = ([lengths[i] for i in shard[step:step + BATCH]] for shard in per_rank)
-        assert min(rank0) >= max(rank1)
-
-
-def test_length_grouped_first_step_holds_the_longest_example() -> None:
-    lengths = lognormal_lengths(64)
-    assert lengths[shards(lengths, 2)[0][0]] == max(lengths)
-
-
-def test_set_epoch_and_seed_change_the_order() -> None:
-    lengths = lognormal_lengths(64)
-    assert shards(lengths, 2, epoch=0) != shards(lengths, 2, epoch=1)
-    assert shards(lengths, 2, epoch=0, seed=1) != shards(lengths, 2, epoch=0, seed=2)
-
-
-def padding_fraction(lengths: list[int], batches: list[list[int]]) -> float:
-    padded = sum(max(lengths[i] for i in batch) * len(batch) for batch in batches)
-    return 1 - sum(lengths[i] for batch in batches for i in batch) / padded
-
-
-@pytest.mark.parametrize("world_size", [1, 2, 4])
-def test_length_grouped_batches_pad_far_less_than_random_ones(world_size: int) -> None:
-    lengths = lognormal_lengths(1000)
-    grouped = [shard[i:i + BATCH] for shard in shards(lengths, world_size) for i in range(0, len(shard), BATCH)]
-    order = torch.randperm(1000, generator=torch.Generator().manual_seed(1)).tolist()
-    shuffled = [order[i:i + BATCH] for i in range(0, 1000, BATCH)]
-    assert padding_fraction(lengths, shuffled) > 0.3
-    assert padding_fraction(lengths, grouped) < 0.1
-
-
-def test_sampler_refuses_a_rank_outside_the_world() -> None:
-    with pytest.raises(ValueError, match=r"rank 2 is outside \[0, 2\)"):
-        DistributedLengthGroupedSampler([5] * 8, BATCH, num_replicas=2, rank=2)
-
-
 # ---- metrics -----------------------------------------------------------------------------------
 
 def test_metrics_match_a_hand_computed_example() -> None:
@@ -640,15 +511,15 @@ def test_checkpoint_with_another_label_count_is_refused_unless_asked_for_a_fresh
     assert torch.equal(model.bert.embeddings.word_embeddings.weight, saved["bert.embeddings.word_embeddings.weight"])
 
 
-def test_loaded_model_does_not_accept_loss_kwargs(smoke_assets: Path) -> None:
-    """The Trainer must not believe the model averages the loss over num_items_in_batch itself.
-
-    BERT's classification head takes **kwargs but ignores num_items_in_batch and returns a per-batch
-    mean. With accepts_loss_kwargs True the Trainer would multiply that loss (and the gradients) by
-    the world size under DDP and skip dividing by the gradient-accumulation steps.
-    """
-    model = load_model(ModelArguments(model_name_or_path=str(smoke_assets / "tiny-bert")), ["neg", "pos"])
-    assert model.accepts_loss_kwargs is False
+def test_load_model_gives_fp32_weights_even_from_a_half_precision_checkpoint(
+    smoke_assets: Path, tmp_path: Path
+) -> None:
+    """Weights train in fp32 (mixed precision is autocast's job): AdamW on fp16 weights loses small updates."""
+    half = tmp_path / "tiny-bert-fp16"
+    AutoModelForSequenceClassification.from_pretrained(smoke_assets / "tiny-bert").half().save_pretrained(half)
+    assert {tensor.dtype for tensor in load_file(half / "model.safetensors").values()} == {torch.float16}
+    model = load_model(ModelArguments(model_name_or_path=str(half)), ["negative", "positive"])
+    assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}
 
 
 def test_load_tokenizer_from_the_folder_or_tokenizer_name(smoke_assets: Path, tmp_path: Path) -> None:

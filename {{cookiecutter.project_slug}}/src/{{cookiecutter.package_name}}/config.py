@@ -1,23 +1,20 @@
-"""Command-line and YAML arguments: one dataclass per concern, read by HfArgumentParser.
+"""Command-line and YAML arguments: the model and data dataclasses, and the parser both loops use.
 
-Every default lives in a field below; `--help` prints them all. A YAML (or JSON) file given as the
-first argument sets values, and flags after it override the file.
+Every default lives in a dataclass field; `--help` prints them all. A YAML (or JSON) file given as the
+first argument sets values, and flags after it override the file. The training flags are the loop's
+own, in training_args.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import torch
-import transformers
 import yaml
 from transformers import HfArgumentParser
-
-from .distributed import env_world_size, resolve_device_settings
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -29,40 +26,40 @@ class ConfigError(ValueError):
 @dataclass
 class ModelArguments:
     model_name_or_path: str = field(
-        metadata={"help": "Hub model id (e.g. bert-base-uncased) or a local folder made with save_pretrained."}
+        metadata={"help": "Hub id or save_pretrained folder."}
     )
     tokenizer_name: str | None = field(
-        default=None, metadata={"help": "Tokenizer id or folder, if not the same as model_name_or_path."}
+        default=None, metadata={"help": "If not model_name_or_path's."}
     )
-    cache_dir: str | None = field(default=None, metadata={"help": "Where to cache models and datasets."})
-    revision: str = field(default="main", metadata={"help": "Model revision: branch, tag or commit id."})
+    cache_dir: str | None = field(default=None, metadata={"help": "Cache for models and datasets."})
+    revision: str = field(default="main", metadata={"help": "Branch, tag or commit."})
     trust_remote_code: bool = field(
-        default=False, metadata={"help": "Allow model code from the Hub. Only for repos you trust."}
+        default=False, metadata={"help": "Run model code from the Hub."}
     )
     ignore_mismatched_sizes: bool = field(
         default=False,
-        metadata={"help": "Start a fresh classifier head when the checkpoint's has another number of labels."},
+        metadata={"help": "New head if label counts differ."},
     )
 
 
 @dataclass
 class DataArguments:
     dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset id, e.g. imdb."})
-    dataset_config_name: str | None = field(default=None, metadata={"help": "Dataset configuration name."})
-    train_file: str | None = field(default=None, metadata={"help": "Local train file: csv, json, jsonl or parquet."})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Hub dataset configuration."})
+    train_file: str | None = field(default=None, metadata={"help": "csv, json, jsonl or parquet file."})
     validation_file: str | None = field(
-        default=None, metadata={"help": "Local validation file, same format as train_file."}
+        default=None, metadata={"help": "Same format as train_file."}
     )
     validation_split_percentage: int = field(
         default=5,
-        metadata={"help": "Percent of train held out for evaluation when there is no validation or test split."},
+        metadata={"help": "Percent of train held out if no eval split."},
     )
-    text_column: str = field(default="text", metadata={"help": "Column holding the input text."})
-    label_column: str = field(default="label", metadata={"help": "Column holding the label (int or string)."})
+    text_column: str = field(default="text", metadata={"help": "Column of input text."})
+    label_column: str = field(default="label", metadata={"help": "Column of labels (int or str)."})
     max_seq_length: int = field(default=512, metadata={"help": "Longer inputs are truncated."})
-    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N train examples."})
-    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only the first N eval examples."})
-    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenisation."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N train examples."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep the first N eval examples."})
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenising."})
 
     def __post_init__(self) -> None:
         if self.dataset_name is None and self.train_file is None:
@@ -75,76 +72,6 @@ class DataArguments:
             raise ConfigError(f"--max_seq_length {self.max_seq_length}: must be >= 1")
         if not 0 < self.validation_split_percentage < 100:
             raise ConfigError("--validation_split_percentage must be between 1 and 99")
-
-
-@dataclass
-class TrainingArguments(transformers.TrainingArguments):
-    """HF TrainingArguments with this project's defaults and automatic device, backend and precision.
-
-    Both training loops read these flags, so `--learning_rate` or `--save_steps` mean the same thing
-    whichever loop the project was generated with.
-    """
-
-    mixed_precision: str = field(
-        default="auto",
-        metadata={
-            "help": "auto: bf16 on GPUs that support it, else fp16; fp32 on CPU. Or bf16, fp16 (CUDA only), no.",
-            "choices": ["auto", "bf16", "fp16", "no"],
-        },
-    )
-    # Batches of similar length carry little padding. On imdb-like lengths padding fell from 56% of
-    # all tokens to 6% and training ran 2.9x faster (the template's bench/length_grouping.py).
-    train_sampling_strategy: str = field(
-        default="group_by_length",
-        metadata={
-            "help": "random, sequential, group_by_length or batch_rebalance.",
-            "choices": ["random", "sequential", "group_by_length", "batch_rebalance"],
-        },
-    )
-    # BERT uses every parameter on every step; searching for unused ones costs a graph walk per step.
-    ddp_find_unused_parameters: bool | None = field(
-        default=False, metadata={"help": "Passed to DistributedDataParallel(find_unused_parameters=...)."}
-    )
-    # The collator drops helper columns itself; keeping them lets the length sampler read "length".
-    remove_unused_columns: bool = field(
-        default=False, metadata={"help": "Drop dataset columns the model does not take, before collation."}
-    )
-    output_dir: str | None = field(default="outputs", metadata={"help": "Checkpoints, final model, metrics.json."})
-    logging_steps: float = field(default=10, metadata={"help": "Log every N optimizer steps."})
-    save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most this many checkpoints."})
-
-    def __post_init__(self) -> None:
-        # Decide device, backend and precision before the parent sets up devices: on a CPU-only
-        # machine the Trainer trains each rank alone unless use_cpu is set, and gloo alone does not
-        # make the ranks synchronise gradients.
-        try:
-            settings = resolve_device_settings(
-                self.mixed_precision,
-                fp16=self.fp16,
-                bf16=self.bf16,
-                use_cpu=self.use_cpu,
-                ddp_backend=self.ddp_backend,
-            )
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-        self.use_cpu = settings.use_cpu
-        self.ddp_backend = settings.ddp_backend
-        self.fp16 = settings.precision == "fp16"
-        self.bf16 = settings.precision == "bf16"
-        if self.train_sampling_strategy == "group_by_length" and self.accelerator_config is None:
-            # The length-grouped sampler shuffles with the global torch RNG, which drifts apart
-            # between ranks after the first epoch (dropout draws per element), so the ranks' shards
-            # would overlap. Without the seedable sampler, accelerate gives the sampler a generator
-            # and broadcasts its state from rank 0 at the start of every epoch.
-            self.accelerator_config = {"use_seedable_sampler": False}
-        if not self.use_cpu and env_world_size() > 1:
-            # The parent starts the NCCL process group; pin this rank's GPU first, or every rank
-            # would set up its communicator on GPU 0.
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        super().__post_init__()
-        # The parent fills an attribute of this name from ACCELERATE_MIXED_PRECISION and hands it
-        # to accelerate; keep it equal to what was resolved above.
-        self.mixed_precision = settings.precision
 
 
 def split_config_path(argv: list[str]) -> tuple[Path | None, list[str]]:
@@ -170,10 +97,14 @@ def load_config_file(path: Path) -> dict:
     return values
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, TrainingArguments]:
+def parse_args(training_args_class: type, argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, Any]:
     """Parse `[CONFIG] [--flag value ...]`: the file sets values, the flags override them."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
+    parser = HfArgumentParser(
+        (ModelArguments, DataArguments, training_args_class), usage="%(prog)s [CONFIG] [--flag value ...]",
+        description="CONFIG is a .yaml, .yml or .json file of flag values; flags after it override it.",
+        allow_abbrev=False,  # a mistyped flag is an error, not silently another flag
+    )
     config_path, flags = split_config_path(argv)
     if config_path is not None:
         values = load_config_file(config_path)
@@ -190,5 +121,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataArgum
         for action in parser._actions:
             if action.dest in values:
                 action.required = False
-    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=flags)
+    *parsed, unknown = parser.parse_args_into_dataclasses(args=flags, return_remaining_strings=True)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (see --help for the flags this loop takes)")
+    model_args, data_args, training_args = parsed
     return model_args, data_args, training_args

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
-import torch
-from datasets import ClassLabel, DatasetDict
-from torch.utils.data import Sampler
+from datasets import ClassLabel, Dataset, DatasetDict
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
 from .config import ConfigError, DataArguments
@@ -16,6 +15,29 @@ from .distributed import main_process_first
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels")
 FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClassificationData:
+    train: Dataset  # tokenised, with "labels" and "length" columns
+    validation: Dataset
+    label_names: list[str]  # in id order
+
+
+def load_data(
+    data_args: DataArguments, tokenizer: PreTrainedTokenizerBase, cache_dir: str | None, seed: int
+) -> ClassificationData:
+    """Load, map labels and tokenise. Each node's rank 0 goes first; the others then read its cache."""
+    source = data_args.train_file or data_args.dataset_name
+    with main_process_first():
+        raw = load_raw_datasets(data_args, cache_dir, seed=seed)
+        names = label_names(raw, data_args.label_column)
+        tokenized = tokenize_datasets(raw, tokenizer, data_args, names)
+    logger.info("data from %s: %d train examples, %d eval examples, labels %s", source, len(tokenized["train"]),
+                len(tokenized["validation"]), names)
+    return ClassificationData(tokenized["train"], tokenized["validation"], names)
 
 
 def load_raw_datasets(data_args: DataArguments, cache_dir: str | None = None, seed: int = 42) -> DatasetDict:
@@ -89,7 +111,7 @@ def tokenize_datasets(
     data_args: DataArguments,
     names: list[str],
 ) -> DatasetDict:
-    """Tokenise once (main process first), map labels to ids and record each example's length."""
+    """Tokenise, map labels to ids and record each example's length."""
     feature = raw["train"].features[data_args.label_column]
     label2id = None if isinstance(feature, ClassLabel) else {name: i for i, name in enumerate(names)}
     max_length = min(data_args.max_seq_length, tokenizer.model_max_length)
@@ -102,14 +124,13 @@ def tokenize_datasets(
         encoded["length"] = [len(ids) for ids in encoded["input_ids"]]
         return encoded
 
-    with main_process_first():
-        return raw.map(
-            encode,
-            batched=True,
-            num_proc=data_args.preprocessing_num_workers,
-            remove_columns=raw["train"].column_names,
-            desc="Tokenizing",
-        )
+    return raw.map(
+        encode,
+        batched=True,
+        num_proc=data_args.preprocessing_num_workers,
+        remove_columns=raw["train"].column_names,
+        desc="Tokenizing",
+    )
 
 
 class ClassificationCollator(DataCollatorWithPadding):
@@ -123,67 +144,3 @@ class ClassificationCollator(DataCollatorWithPadding):
 def build_collator(tokenizer: PreTrainedTokenizerBase, mixed_precision: bool) -> ClassificationCollator:
     # Multiples of 8 let tensor cores run the padded matmuls at full speed.
     return ClassificationCollator(tokenizer, pad_to_multiple_of=8 if mixed_precision else None)
-
-
-class DistributedLengthGroupedSampler(Sampler[int]):
-    """Disjoint per-rank shards whose batches hold examples of similar length, for less padding.
-
-    Each epoch (seed + epoch, the same on every rank): shuffle, cut into megabatches, sort each
-    megabatch by length, and deal every global batch (batch_size x num_replicas consecutive
-    examples) out so that rank r takes slice r. The ranks then run batches of about the same
-    length at the same step, so none waits long for the others at the gradient all-reduce. As in
-    DistributedSampler, the order is padded with its first examples to a multiple of num_replicas
-    (or cut, with drop_last), so every rank runs the same number of batches.
-    """
-
-    def __init__(
-        self,
-        lengths: Sequence[int],
-        batch_size: int,
-        num_replicas: int = 1,
-        rank: int = 0,
-        seed: int = 0,
-        drop_last: bool = False,
-    ) -> None:
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank {rank} is outside [0, {num_replicas})")
-        self.lengths = list(lengths)
-        self.batch_size = batch_size
-        self.num_replicas = num_replicas
-        self.rank = rank
-        self.seed = seed
-        self.drop_last = drop_last
-        self.epoch = 0
-        count = len(self.lengths)
-        self.total_size = count - count % num_replicas if drop_last else -(-count // num_replicas) * num_replicas
-        self.num_samples = self.total_size // num_replicas
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(len(self.lengths), generator=generator).tolist()
-        while len(order) < self.total_size:  # pad with repeats, at most num_replicas - 1 of them
-            order += order[: self.total_size - len(order)]
-        order = order[: self.total_size]
-
-        global_batch = self.batch_size * self.num_replicas
-        # Up to 50 global batches per megabatch, and at least 4 megabatches: sorted but still shuffled.
-        megabatch = global_batch * max(1, min(50, len(order) // (global_batch * 4)))
-        batches = []
-        for start in range(0, len(order), megabatch):
-            group = sorted(order[start : start + megabatch], key=self.lengths.__getitem__, reverse=True)
-            batches += [group[i : i + global_batch] for i in range(0, len(group), global_batch)]
-        # Longest full batch first, so an out-of-memory error shows at step 1, not hours in. (A short
-        # last batch stays last: moved up, it would shift every rank's later batch boundaries.)
-        full = [b for b in range(len(batches)) if len(batches[b]) == global_batch]
-        if full:
-            longest = max(full, key=lambda b: self.lengths[batches[b][0]])
-            batches[0], batches[longest] = batches[longest], batches[0]
-        for batch in batches:
-            share = len(batch) // self.num_replicas
-            yield from batch[self.rank * share : (self.rank + 1) * share]

@@ -1,16 +1,22 @@
-"""Rank, device, backend, precision and barriers: everything that differs between processes."""
+"""Rank, device, backend, precision, logging and agreement: what differs between processes, and keeping them in step."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
+from pathlib import Path
 
+import datasets
 import torch
 import torch.distributed as dist
+import transformers
+
+from .config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -71,35 +77,29 @@ def env_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def check_really_distributed(world_size_in_use: int) -> None:
-    """Fail loudly when torchrun started several processes but each would train alone."""
-    expected = env_world_size()
-    group_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    if expected > 1 and (group_size != expected or world_size_in_use != expected):
-        raise RuntimeError(
-            f"WORLD_SIZE={expected} but this process would train with world size {world_size_in_use} "
-            f"(process group size {group_size}): the ranks would not share gradients. "
-            "On CPU pass --use_cpu true and --ddp_backend gloo; on GPU check that CUDA is visible to every rank."
-        )
+def is_distributed() -> bool:
+    """Whether this process is one of several in a started process group."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def is_main_process() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
-
-
-def broadcast_from_main(value: object) -> object:
-    """Rank 0's value on every rank, so that all ranks act on one decision."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return value
-    holder = [value]
-    dist.broadcast_object_list(holder, src=0)
-    return holder[0]
+def setup_logging(is_main_process: bool) -> None:
+    """Log progress from rank 0; the other ranks report warnings and errors only."""
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+    logging.getLogger(__package__).setLevel(logging.INFO if is_main_process else logging.WARNING)
+    transformers.utils.logging.set_verbosity(logging.WARNING if is_main_process else logging.ERROR)
+    datasets.utils.logging.set_verbosity(logging.WARNING if is_main_process else logging.ERROR)
+    if not is_main_process:
+        datasets.disable_progress_bars()
 
 
 @contextlib.contextmanager
-def main_process_first(local: bool = True) -> Iterator[None]:
-    """Let rank 0 (of each node, by default) run the block first; the others then read its cache."""
-    rank = int(os.environ.get("LOCAL_RANK" if local else "RANK", "0"))
+def main_process_first() -> Iterator[None]:
+    """Let each node's rank 0 run the block first; the node's other ranks then read its cache."""
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
     synchronised = dist.is_available() and dist.is_initialized()
     if synchronised and rank != 0:
         dist.barrier()
@@ -116,7 +116,7 @@ def assert_gradients_synchronised(model: torch.nn.Module) -> None:
 
     Costs one all_gather, so call it once (after the first backward), not every step.
     """
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not is_distributed():
         return
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if not grads:
@@ -132,40 +132,34 @@ def assert_gradients_synchronised(model: torch.nn.Module) -> None:
             )
 
 
-@dataclass(frozen=True)
-class DistributedEnv:
-    rank: int
-    local_rank: int
-    world_size: int
-    device: torch.device
+def agree_on_resume_checkpoint(
+    explicit: str | None, find_newest: Callable[[], Path | None], problem_with: Callable[[Path], str | None]
+) -> Path | None:
+    """--resume_from_checkpoint if given, else the newest checkpoint in output_dir, else None.
 
-    @property
-    def is_main_process(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def is_distributed(self) -> bool:
-        return self.world_size > 1
-
-
-def setup_distributed(use_cpu: bool, backend: str | None, timeout_seconds: int) -> DistributedEnv:
-    """Read torchrun's environment, pin the GPU, then start the process group (native loop)."""
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    world_size = env_world_size()
-    if use_cpu:
-        device = torch.device("cpu")
-    else:
-        # Before init_process_group, so NCCL binds this rank to its own GPU and not all to GPU 0.
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    if world_size > 1:
-        dist.init_process_group(
-            backend=backend,
-            timeout=timedelta(seconds=timeout_seconds),
-            device_id=device if device.type == "cuda" else None,
+    Rank 0 decides and every rank takes its answer: ranks that resumed from different steps would
+    wait on each other forever. Then every rank checks that it can read that checkpoint, and all fail
+    together: a rank failing alone would leave the others waiting until --ddp_timeout.
+    `problem_with(path)` says what is wrong with a checkpoint folder, or returns None.
+    """
+    chosen = [Path(explicit) if explicit is not None else find_newest()]
+    if is_distributed():
+        dist.broadcast_object_list(chosen, src=0)
+    checkpoint = chosen[0]
+    problems = [None if checkpoint is None else problem_with(checkpoint)]
+    if is_distributed():
+        problem, problems = problems[0], [None] * dist.get_world_size()
+        dist.all_gather_object(problems, problem)
+    if problems[0] is not None:
+        flag = "--resume_from_checkpoint" if explicit is not None else "checkpoint"
+        raise ConfigError(f"{flag} {str(checkpoint)!r} {problems[0]}")
+    failed = [str(rank) for rank, problem in enumerate(problems) if problem is not None]
+    if failed:
+        raise ConfigError(
+            f"checkpoint {str(checkpoint)!r} is on rank 0 but rank(s) {', '.join(failed)} cannot read it "
+            f"({problems[int(failed[0])]}): with several nodes, --output_dir must be on a filesystem every node shares"
         )
-    return DistributedEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+    return checkpoint
 
 
 def cleanup_distributed() -> None:
@@ -178,37 +172,3 @@ def cleanup_distributed() -> None:
     gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def setup_or_adopt_distributed(use_cpu: bool, backend: str | None, timeout_seconds: int) -> DistributedEnv:
-    """setup_distributed, or take over the process group that parsing TrainingArguments started.
-
-    Under torchrun, transformers' TrainingArguments.__post_init__ builds accelerate's PartialState,
-    which calls init_process_group itself: with --ddp_backend, but on CPU without --ddp_timeout and
-    on GPU before pinning the device. Adopt that group, after checking it spans torchrun's world,
-    then pin the device and apply --ddp_timeout to it.
-    """
-    if not (dist.is_available() and dist.is_initialized()):
-        return setup_distributed(use_cpu, backend, timeout_seconds)
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    world_size = env_world_size()
-    if (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
-        raise RuntimeError(
-            f"a process group already exists with rank {dist.get_rank()} of {dist.get_world_size()}, but torchrun "
-            f"set RANK={rank} WORLD_SIZE={world_size}; start the run only through torchrun or the scripts/ launchers"
-        )
-    if use_cpu:
-        device = torch.device("cpu")
-    else:
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    set_process_group_timeout(timeout_seconds)
-    return DistributedEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
-
-
-def set_process_group_timeout(timeout_seconds: int) -> None:
-    """Apply --ddp_timeout to a group that accelerate started (on CPU it passes no timeout)."""
-    if dist.is_available() and dist.is_initialized():
-        # No public setter exists; _set_pg_timeout is torch's own helper for exactly this.
-        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_seconds))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from transformers import (
     AutoConfig,
     AutoModelForSequenceClassification,
@@ -44,7 +45,7 @@ def load_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
 
 
 def load_model(model_args: ModelArguments, names: list[str]) -> PreTrainedModel:
-    """Load a sequence classifier with one output per class and the label names in its config."""
+    """Load a sequence classifier in fp32, with one output per class and the label names in its config."""
     name = model_args.model_name_or_path
     _check_local_path(name)
     try:
@@ -64,6 +65,10 @@ def load_model(model_args: ModelArguments, names: list[str]) -> PreTrainedModel:
             revision=model_args.revision,
             trust_remote_code=model_args.trust_remote_code,
             ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
+            # transformers 5 loads in the checkpoint's dtype by default. Many Hub checkpoints are stored
+            # in fp16 or bf16; trained as such, AdamW loses small updates and GradScaler refuses fp16
+            # gradients. The weights train in fp32; mixed precision is autocast's job.
+            dtype=torch.float32,
         )
     except RuntimeError as err:
         if "ignore_mismatched_sizes" not in str(err):
@@ -74,8 +79,4 @@ def load_model(model_args: ModelArguments, names: list[str]) -> PreTrainedModel:
         ) from None
     except (OSError, ValueError) as err:
         raise _not_found(name, type(err).__name__) from None
-    # Classification heads take **kwargs but ignore num_items_in_batch and return a per-batch
-    # mean. If the Trainer believed otherwise it would multiply the loss (and the gradients) by
-    # the world size and skip dividing by the accumulation steps.
-    model.accepts_loss_kwargs = False
     return model

@@ -1,0 +1,191 @@
+"""Which examples each rank trains on, step by step: the samplers, the loaders and the batch plan.
+
+The native loop's data plumbing. Every rank draws the same shuffle (seed + epoch) and takes its own
+disjoint slice, so together the ranks see each example once per epoch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from datasets import Dataset
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
+
+from .config import ConfigError
+from .training_args import TrainingArguments
+
+logger = logging.getLogger(__name__)
+
+
+class DistributedLengthGroupedSampler(Sampler[int]):
+    """Disjoint per-rank shards whose batches hold examples of similar length, for less padding.
+
+    Each epoch (seed + epoch, the same on every rank): shuffle, cut into megabatches, sort each
+    megabatch by length, and deal every global batch (batch_size x num_replicas consecutive
+    examples) out so that rank r takes slice r. The ranks then run batches of about the same
+    length at the same step, so none waits long for the others at the gradient all-reduce. As in
+    DistributedSampler, the order is padded with its first examples to a multiple of num_replicas
+    (or cut, with drop_last), so every rank runs the same number of batches.
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        batch_size: int,
+        num_replicas: int = 1,
+        rank: int = 0,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is outside [0, {num_replicas})")
+        self.lengths = list(lengths)
+        self.batch_size = batch_size
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        count = len(self.lengths)
+        self.total_size = count - count % num_replicas if drop_last else -(-count // num_replicas) * num_replicas
+        self.num_samples = self.total_size // num_replicas
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.lengths), generator=generator).tolist()
+        while len(order) < self.total_size:  # pad with repeats, at most num_replicas - 1 of them
+            order += order[: self.total_size - len(order)]
+        order = order[: self.total_size]
+
+        global_batch = self.batch_size * self.num_replicas
+        # Up to 50 global batches per megabatch, and at least 4 megabatches: sorted but still shuffled.
+        megabatch = global_batch * max(1, min(50, len(order) // (global_batch * 4)))
+        batches = []
+        for start in range(0, len(order), megabatch):
+            group = sorted(order[start : start + megabatch], key=self.lengths.__getitem__, reverse=True)
+            batches += [group[i : i + global_batch] for i in range(0, len(group), global_batch)]
+        # Longest full batch first, so an out-of-memory error shows at step 1, not hours in. (A short
+        # last batch stays last: moved up, it would shift every rank's later batch boundaries.)
+        full = [b for b in range(len(batches)) if len(batches[b]) == global_batch]
+        if full:
+            longest = max(full, key=lambda b: self.lengths[batches[b][0]])
+            batches[0], batches[longest] = batches[longest], batches[0]
+        for batch in batches:
+            share = len(batch) // self.num_replicas
+            yield from batch[self.rank * share : (self.rank + 1) * share]
+
+
+class ResumableSampler(Sampler[int]):
+    """A distributed sampler whose epoch can start part-way, after the examples already trained on."""
+
+    def __init__(self, sampler: DistributedSampler | DistributedLengthGroupedSampler) -> None:
+        self.sampler = sampler
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.sampler.set_epoch(epoch)
+        self.start = start
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(iter(self.sampler), self.start, None)
+
+    def __len__(self) -> int:
+        return len(self.sampler) - self.start
+
+
+def build_train_sampler(train_set: Dataset, args: TrainingArguments, rank: int, world_size: int) -> ResumableSampler:
+    """Each rank its own disjoint shard, reshuffled every epoch by set_epoch (seed + epoch)."""
+    if args.train_sampling_strategy == "group_by_length":
+        sampler = DistributedLengthGroupedSampler(
+            train_set["length"], args.per_device_train_batch_size, num_replicas=world_size, rank=rank,
+            seed=args.seed, drop_last=args.dataloader_drop_last,
+        )
+    else:
+        sampler = DistributedSampler(
+            train_set, num_replicas=world_size, rank=rank, shuffle=args.train_sampling_strategy == "random",
+            seed=args.seed, drop_last=args.dataloader_drop_last,
+        )
+    return ResumableSampler(sampler)
+
+
+def build_loader(dataset: Dataset, args: TrainingArguments, collator, batch_size: int, on_gpu: bool,
+                 sampler: Sampler | None = None) -> DataLoader:
+    workers = args.dataloader_num_workers
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        collate_fn=collator,
+        num_workers=workers,
+        pin_memory=args.dataloader_pin_memory and on_gpu,
+        drop_last=args.dataloader_drop_last and sampler is not None,
+        persistent_workers=workers > 0 and args.dataloader_persistent_workers,
+        # Its own generator: starting an epoch then draws no numbers from the global RNG, which
+        # stays dropout's alone, so a resumed run draws the same dropout masks as an uninterrupted one.
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How many examples make one optimizer step, and how many steps make the run."""
+
+    per_device_batch_size: int
+    accumulation_steps: int
+    world_size: int
+    train_size: int
+    micro_batches_per_epoch: int  # per rank
+    steps_per_epoch: int
+    total_steps: int
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.per_device_batch_size * self.accumulation_steps * self.world_size
+
+    def position_basis(self) -> dict[str, int]:
+        """What a checkpoint's place in its epoch is counted in; a resumed run must share all of it."""
+        return {
+            "per_device_train_batch_size": self.per_device_batch_size,
+            "gradient_accumulation_steps": self.accumulation_steps,
+            "world_size": self.world_size,
+            "train_size": self.train_size,
+            "batches_per_epoch": self.micro_batches_per_epoch,
+        }
+
+
+def plan_batches(train_size: int, train_loader: DataLoader, args: TrainingArguments, world_size: int) -> BatchPlan:
+    per_device, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
+    if train_size < per_device * world_size:
+        raise ConfigError(
+            f"the train set has {train_size} examples, fewer than one batch across all processes "
+            f"(--per_device_train_batch_size {per_device} x WORLD_SIZE {world_size}); lower the batch size, "
+            "start fewer processes or add data"
+        )
+    micro_batches = len(train_loader)  # >= 1: every rank's shard holds at least one full batch
+    # A last optimizer step of the epoch with fewer micro-batches than the others is still taken.
+    steps_per_epoch = math.ceil(micro_batches / accumulation)
+    total_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
+    return BatchPlan(per_device, accumulation, world_size, train_size, micro_batches, steps_per_epoch, total_steps)
+
+
+def build_train_batches(train_set: Dataset, args: TrainingArguments, collator, rank: int, world_size: int,
+                        on_gpu: bool) -> tuple[ResumableSampler, DataLoader, BatchPlan]:
+    """This rank's train sampler and loader, and the batch plan they make."""
+    sampler = build_train_sampler(train_set, args, rank, world_size)
+    loader = build_loader(train_set, args, collator, args.per_device_train_batch_size, on_gpu, sampler)
+    plan = plan_batches(len(train_set), loader, args, world_size)
+    logger.info("%d steps of %d examples (%d per device x %d accumulation x %d processes), %d steps per epoch",
+                plan.total_steps, plan.global_batch_size, plan.per_device_batch_size, plan.accumulation_steps,
+                plan.world_size, plan.steps_per_epoch)
+    return sampler, loader, plan

@@ -1,0 +1,182 @@
+"""The native loop's checkpoints: save (atomically), find, load and rotate.
+
+output_dir/checkpoint-N holds the model and tokenizer (save_pretrained) and training_state.pt: the
+optimizer, schedule, scaler, position in the data, every rank's RNG state and the log history.
+Rank 0 fills tmp-checkpoint-N and renames it in one step, so a folder named checkpoint-N is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import safetensors.torch
+import torch
+import torch.distributed as dist
+
+from .config import ConfigError
+from .distributed import is_distributed
+
+if TYPE_CHECKING:
+    from .train import Job
+
+TRAINING_STATE = "training_state.pt"  # written last: a checkpoint folder holding it is complete
+CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+def complete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """checkpoint-N folders holding a training state, oldest first. Temporary folders never match."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.iterdir():
+        match = CHECKPOINT_NAME.match(path.name)
+        if match and (path / TRAINING_STATE).is_file():
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def newest_checkpoint(output_dir: str | Path) -> Path | None:
+    checkpoints = complete_checkpoints(output_dir)
+    return checkpoints[-1] if checkpoints else None
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """What keeps `path` from being resumed, or None."""
+    if not path.exists():
+        return "does not exist"
+    if not (path / TRAINING_STATE).is_file():
+        return (f"holds no {TRAINING_STATE}: pass a checkpoint-N folder written by this loop, or leave the flag "
+                "out to resume from the newest one in --output_dir")
+    return None
+
+
+def save_checkpoint(job: Job) -> None:
+    """Write output_dir/checkpoint-<step>. Every rank takes part: each sends its RNG state to rank 0.
+
+    A crash mid-save leaves only tmp-checkpoint-N, which resume ignores, never a broken newest
+    checkpoint. (Nothing is fsynced: after a power loss some filesystems could keep the rename but
+    not the data.)
+    """
+    rng_states = [rng_state()]
+    if is_distributed():
+        rng_states = [None] * job.env.world_size if job.env.is_main_process else None
+        dist.gather_object(rng_state(), rng_states, dst=0)
+    output_dir = Path(job.args.output_dir)
+    final = output_dir / f"checkpoint-{job.step}"
+    if job.env.is_main_process and not final.exists():  # it exists after a resume at the last step
+        temporary = output_dir / f"tmp-checkpoint-{job.step}"
+        shutil.rmtree(temporary, ignore_errors=True)
+        job.module.save_pretrained(temporary)
+        job.tokenizer.save_pretrained(temporary)
+        state = {
+            "global_step": job.step,
+            "epoch": job.epoch,
+            "step_in_epoch": job.step_in_epoch,
+            "batch_plan": job.plan.position_basis(),
+            "optimizer": job.optimizer.state_dict(),
+            "scheduler": job.scheduler.state_dict(),
+            "scaler": job.scaler.state_dict() if job.scaler is not None else None,
+            "rng_states": rng_states,  # one per rank, in rank order
+            "labels": job.data.label_names,
+            "model_type": job.module.config.model_type,
+            "log_history": job.history,
+        }
+        torch.save(state, temporary / TRAINING_STATE)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        temporary.replace(final)
+        rotate_checkpoints(output_dir, job.args.save_total_limit)
+    if is_distributed():
+        dist.barrier()  # nobody reads or rotates checkpoints until the new one is in place
+
+
+def rotate_checkpoints(output_dir: Path, limit: int | None) -> None:
+    if limit is not None and limit > 0:
+        for old in complete_checkpoints(output_dir)[:-limit]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(job: Job, checkpoint: Path) -> None:
+    """Restore weights, optimizer, schedule, scaler, position in the data and this rank's RNG."""
+    state = torch.load(checkpoint / TRAINING_STATE, map_location="cpu", weights_only=True)
+    weights = load_model_weights(checkpoint)
+    check_same_model(checkpoint, state, weights, job)
+    check_same_batch_plan(checkpoint, state["batch_plan"], job.plan.position_basis())
+    # strict=False: save_pretrained leaves out tied copies; check_same_model refused strangers.
+    job.module.load_state_dict(weights, strict=False)
+    job.optimizer.load_state_dict(state["optimizer"])  # moves the moments onto the parameters' device
+    job.scheduler.load_state_dict(state["scheduler"])
+    if job.scaler is not None and state["scaler"] is not None:
+        job.scaler.load_state_dict(state["scaler"])
+    job.step, job.epoch, job.step_in_epoch = state["global_step"], state["epoch"], state["step_in_epoch"]
+    job.history = state["log_history"]
+    set_rng_state(state["rng_states"][job.env.rank])  # one per rank: the batch plan, world size included, matched
+
+
+def load_model_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    index = checkpoint / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else [
+        "model.safetensors"]
+    weights = {}
+    for name in files:
+        weights.update(safetensors.torch.load_file(checkpoint / name, device="cpu"))
+    return weights
+
+
+def check_same_model(checkpoint: Path, state: dict, weights: dict, job: Job) -> None:
+    """Refuse to resume a different model or label set, which would fail obscurely or silently."""
+    own, names, model_type = job.module.state_dict(), job.data.label_names, job.module.config.model_type
+    mismatched = sorted(k for k, v in weights.items() if k not in own or own[k].shape != v.shape)
+    if state["labels"] != names or state["model_type"] != model_type or mismatched:
+        raise ConfigError(
+            f"checkpoint {str(checkpoint)!r} holds a {state['model_type']} model for labels {state['labels']}, but "
+            f"this run trains a {model_type} model for labels {names}"
+            + (f" (different tensors: {', '.join(mismatched[:3])})" if mismatched else "")
+            + ". Use a new --output_dir, or --resume_from_checkpoint with a checkpoint of this model and data."
+        )
+
+
+def describe_batch_plan(basis: dict[str, int]) -> str:
+    processes = "1 process" if basis["world_size"] == 1 else f"{basis['world_size']} processes"
+    return (f"--per_device_train_batch_size {basis['per_device_train_batch_size']}, --gradient_accumulation_steps "
+            f"{basis['gradient_accumulation_steps']}, {processes} and {basis['train_size']} train examples "
+            f"({basis['batches_per_epoch']} batches per process per epoch)")
+
+
+def check_same_batch_plan(checkpoint: Path, saved: dict[str, int], current: dict[str, int]) -> None:
+    """Refuse to resume under another batch plan: the checkpoint's step in its epoch would point elsewhere.
+
+    Under a plan with fewer batches per epoch it points past the end, and the run would go on to
+    take its remaining steps on no data at all.
+    """
+    if saved != current:
+        raise ConfigError(
+            f"checkpoint {str(checkpoint)!r} was written by a run with {describe_batch_plan(saved)}, but this run "
+            f"has {describe_batch_plan(current)}. Its place in the epoch only means something under its own batch "
+            "plan: to continue it, run again with its settings; to train with these, use a new --output_dir "
+            "(without --resume_from_checkpoint)."
+        )
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    name, keys, position, has_gauss, gauss = np.random.get_state()
+    state["numpy"] = (name, keys.tolist(), position, has_gauss, gauss)  # plain types load with weights_only
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    name, keys, position, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), position, has_gauss, gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

@@ -1,0 +1,99 @@
+"""The native loop's training flags: exactly what train.py implements, nothing else.
+
+Names and meanings follow transformers.TrainingArguments, so a config file moves between this loop
+and the Trainer variant. A flag that is not here is refused by the parser, like any unknown flag.
+Defaults follow it too, except: output_dir, logging_steps and save_total_limit (this project's
+choices, as in the Trainer variant); do_train and do_eval (this script always did both);
+train_sampling_strategy (see below); ddp_find_unused_parameters and ddp_broadcast_buffers False
+(BERT uses every parameter, and its buffers never change: each search or sync costs every step);
+disable_tqdm False; tf32 None leaves torch's own setting.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+
+from .config import ConfigError
+
+STRATEGIES = ["no", "steps", "epoch"]
+# transformers' schedules, less those whose step() wants an eval metric (reduce_lr_on_plateau, greedy).
+SCHEDULES = ["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+             "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay"]
+
+
+def flag(default, help: str, choices: list | None = None):  # noqa: A002 - argparse's own word
+    metadata = {"help": help} if choices is None else {"help": help, "choices": choices}
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class TrainingArguments:
+    # The run
+    output_dir: str = flag("outputs", "Checkpoints, final model, metrics.json.")
+    do_train: bool = flag(True, "Train (false: only evaluate).")
+    do_eval: bool = flag(True, "Evaluate at the end, to metrics.json.")
+    resume_from_checkpoint: str | None = flag(None, "checkpoint-N folder; default: newest.")
+    num_train_epochs: float = flag(3.0, "Epochs to train.")
+    max_steps: int = flag(-1, "Steps to train, if > 0 (wins over epochs).")
+    seed: int = flag(42, "Seed for new weights, shuffles, dropout.")
+    # Batches: one optimizer step = per-device batch x accumulation steps x processes
+    per_device_train_batch_size: int = flag(8, "Examples per process per micro-step.")
+    per_device_eval_batch_size: int = flag(8, "Eval examples per process per batch.")
+    gradient_accumulation_steps: int = flag(1, "Micro-steps per optimizer step.")
+    # Differs from transformers: batches of similar length carry little padding (2.9x faster on
+    # imdb-like lengths in the template's bench/length_grouping.py).
+    train_sampling_strategy: str = flag("group_by_length", "Order of train examples.",
+                                        ["group_by_length", "random", "sequential"])
+    dataloader_drop_last: bool = flag(False, "Drop each rank's last short batch.")
+    dataloader_num_workers: int = flag(0, "Loader processes per rank.")
+    dataloader_pin_memory: bool = flag(True, "Pinned memory for copies to the GPU.")
+    dataloader_persistent_workers: bool = flag(False, "Keep loader processes alive.")
+    # Optimizer and schedule
+    optim: str = flag("adamw_torch_fused", "torch.optim.AdamW, fused or not.",
+                      ["adamw_torch_fused", "adamw_torch"])
+    learning_rate: float = flag(5e-5, "Peak learning rate.")
+    weight_decay: float = flag(0.0, "AdamW decay (not biases, norms).")
+    adam_beta1: float = flag(0.9, "AdamW beta1.")
+    adam_beta2: float = flag(0.999, "AdamW beta2.")
+    adam_epsilon: float = flag(1e-8, "AdamW epsilon.")
+    max_grad_norm: float = flag(1.0, "Gradient norm clip; 0: off.")
+    lr_scheduler_type: str = flag("linear", "Schedule after warmup.", SCHEDULES)
+    warmup_steps: float = flag(0, "Warmup steps; < 1: fraction of all.")
+    # Device, precision and DDP
+    use_cpu: bool = flag(False, "Train on CPU even with a GPU.")
+    mixed_precision: str = flag("auto", "auto: bf16, else fp16; fp32 on CPU.",
+                                ["auto", "bf16", "fp16", "no"])
+    fp16: bool = flag(False, "Same as --mixed_precision fp16.")
+    bf16: bool = flag(False, "Same as --mixed_precision bf16.")
+    tf32: bool | None = flag(None, "TF32 matmuls on Ampere+ GPUs.")
+    ddp_backend: str | None = flag(None, "None: nccl on GPU, gloo on CPU.", ["nccl", "gloo"])
+    ddp_timeout: int = flag(1800, "Seconds before a stuck collective fails.")
+    ddp_find_unused_parameters: bool = flag(False, "For models that skip parameters.")
+    ddp_bucket_cap_mb: int | None = flag(None, "DDP bucket MiB; None: torch's 25.")
+    ddp_broadcast_buffers: bool = flag(False, "Sync buffers before each forward.")
+    # Logging, evaluation and checkpoints; *_steps below 1 is a fraction of all steps
+    logging_strategy: str = flag("steps", "When to log the train loss.", STRATEGIES)
+    logging_steps: float = flag(10, "Log every N optimizer steps.")
+    logging_first_step: bool = flag(False, "Also log after the first step.")
+    disable_tqdm: bool = flag(False, "No progress bar.")
+    report_to: str = flag("none", "TensorBoard in output_dir/runs.", ["none", "tensorboard"])
+    eval_strategy: str = flag("no", "Eval during training (end: always).", STRATEGIES)
+    eval_steps: float | None = flag(None, "Eval every N steps; None: logging_steps.")
+    save_strategy: str = flag("steps", "When to save (end: always).", STRATEGIES)
+    save_steps: float = flag(500, "Save every N optimizer steps.")
+    save_total_limit: int | None = flag(2, "Keep at most this many checkpoints.")
+
+    def __post_init__(self) -> None:
+        if not (self.do_train or self.do_eval):
+            raise ConfigError("--do_train false and --do_eval false leave nothing to do; keep at least one")
+        if self.report_to == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError("--report_to tensorboard: the tensorboard package is not installed; "
+                              "pip install tensorboard (or leave --report_to at none)")
+        for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name} {getattr(self, name)}: must be >= 1")
+        for name in ("logging_steps", "save_steps", "eval_steps"):
+            value = getattr(self, name)
+            if value is not None and (value <= 0 or (value > 1 and value != int(value))):
+                raise ConfigError(f"--{name} {value}: use a whole number of steps, or a fraction of the run below 1")

@@ -1,0 +1,168 @@
+"""The native loop's data plumbing, in process: which examples each rank trains on, and the batch plan.
+
+A sampler is built once per rank, as every rank does under torchrun, and the ranks' shards are then
+compared with each other: disjoint, covering, length-grouped and the same from run to run.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import package_module
+from datasets import Dataset
+
+batching = package_module("batching")
+ConfigError = package_module("config").ConfigError
+TrainingArguments = package_module("training_args").TrainingArguments
+DistributedLengthGroupedSampler = batching.DistributedLengthGroupedSampler
+
+BATCH = 4
+
+
+def lognormal_lengths(count: int, seed: int = 0) -> list[int]:
+    """Long-tailed like real reviews (and like the smoke data)."""
+    rng = random.Random(seed)
+    return [min(120, max(6, int(rng.lognormvariate(3.0, 0.7)))) for _ in range(count)]
+
+
+def shards(lengths: list[int], world_size: int, epoch: int = 0, seed: int = 1, **options) -> list[list[int]]:
+    """Each rank's indices, from a sampler built on its own, as every rank does."""
+    result = []
+    for rank in range(world_size):
+        sampler = DistributedLengthGroupedSampler(lengths, BATCH, num_replicas=world_size, rank=rank, seed=seed,
+                                                  **options)
+        sampler.set_epoch(epoch)
+        indices = list(sampler)
+        assert len(indices) == len(sampler)
+        result.append(indices)
+    return result
+
+
+# ---- the length-grouped distributed sampler ----------------------------------------------------
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_length_grouped_shards_partition_the_data_when_divisible(world_size: int) -> None:
+    lengths = lognormal_lengths(48)  # 48 is divisible by 1, 2, 3 and 4
+    for epoch in (0, 1):
+        per_rank = shards(lengths, world_size, epoch)
+        assert [len(shard) for shard in per_rank] == [48 // world_size] * world_size
+        assert sorted(i for shard in per_rank for i in shard) == list(range(48))  # disjoint and covering
+
+
+@pytest.mark.parametrize("count", [53, 103], ids=["prime", "odd-with-partial-last-batch"])
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_length_grouped_shards_cover_everything_with_minimal_repeats_when_not_divisible(
+    world_size: int, count: int
+) -> None:
+    lengths = lognormal_lengths(count)
+    per_rank = shards(lengths, world_size)
+    per_rank_len = -(-count // world_size)  # padded so every rank runs the same number of batches
+    assert [len(shard) for shard in per_rank] == [per_rank_len] * world_size
+    everything = [i for shard in per_rank for i in shard]
+    assert set(everything) == set(range(count))
+    assert len(everything) - count == per_rank_len * world_size - count  # only the padding repeats
+    dropped = shards(lengths, world_size, drop_last=True)
+    assert [len(shard) for shard in dropped] == [count // world_size] * world_size
+    flat = [i for shard in dropped for i in shard]
+    assert len(set(flat)) == len(flat) == count - count % world_size
+
+
+def test_length_grouped_order_is_the_same_on_every_rank_and_steps_line_up() -> None:
+    lengths = lognormal_lengths(64)
+    per_rank = shards(lengths, 2, epoch=3)
+    assert per_rank == shards(lengths, 2, epoch=3)  # rebuilt from scratch: identical
+    # Step k on each rank is its slice of one length-sorted global batch: rank 0's shortest is at
+    # least rank 1's longest, so the ranks meet at the all-reduce with similar work.
+    for step in range(0, len(per_rank[0]), BATCH):
+        rank0, rank1 = ([lengths[i] for i in shard[step:step + BATCH]] for shard in per_rank)
+        assert min(rank0) >= max(rank1)
+
+
+def test_length_grouped_first_step_holds_the_longest_example() -> None:
+    lengths = lognormal_lengths(64)
+    assert lengths[shards(lengths, 2)[0][0]] == max(lengths)
+
+
+def test_set_epoch_and_seed_change_the_order() -> None:
+    lengths = lognormal_lengths(64)
+    assert shards(lengths, 2, epoch=0) != shards(lengths, 2, epoch=1)
+    assert shards(lengths, 2, epoch=0, seed=1) != shards(lengths, 2, epoch=0, seed=2)
+
+
+def padding_fraction(lengths: list[int], batches: list[list[int]]) -> float:
+    padded = sum(max(lengths[i] for i in batch) * len(batch) for batch in batches)
+    return 1 - sum(lengths[i] for batch in batches for i in batch) / padded
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_length_grouped_batches_pad_far_less_than_random_ones(world_size: int) -> None:
+    lengths = lognormal_lengths(1000)
+    grouped = [shard[i:i + BATCH] for shard in shards(lengths, world_size) for i in range(0, len(shard), BATCH)]
+    order = torch.randperm(1000, generator=torch.Generator().manual_seed(1)).tolist()
+    shuffled = [order[i:i + BATCH] for i in range(0, 1000, BATCH)]
+    assert padding_fraction(lengths, shuffled) > 0.3
+    assert padding_fraction(lengths, grouped) < 0.1
+
+
+def test_sampler_refuses_a_rank_outside_the_world() -> None:
+    with pytest.raises(ValueError, match=r"rank 2 is outside \[0, 2\)"):
+        DistributedLengthGroupedSampler([5] * 8, BATCH, num_replicas=2, rank=2)
+
+
+# ---- resuming part-way through an epoch --------------------------------------------------------
+
+
+def test_resumable_sampler_starts_the_epoch_after_the_examples_already_trained_on() -> None:
+    lengths = lognormal_lengths(103)
+    sampler = batching.ResumableSampler(DistributedLengthGroupedSampler(lengths, BATCH, num_replicas=2, rank=1,
+                                                                        seed=1))
+    sampler.set_epoch(2)
+    whole = list(sampler)
+    sampler.set_epoch(2, start=12)
+    assert list(sampler) == whole[12:]
+    assert len(sampler) == len(whole) - 12
+    sampler.set_epoch(3)  # the next epoch starts at its beginning again
+    assert len(list(sampler)) == len(whole)
+
+
+# ---- the train sampler, loader and batch plan --------------------------------------------------
+
+
+def train_set(count: int) -> Dataset:
+    return Dataset.from_dict(dict(length=lognormal_lengths(count)))
+
+
+def args(**flags) -> TrainingArguments:
+    return TrainingArguments(**{"per_device_train_batch_size": BATCH, **flags})
+
+
+def train_batches(count: int, world_size: int, rank: int = 0, **flags):
+    """(sampler, loader, plan) for one rank, as the native loop builds them."""
+    return batching.build_train_batches(train_set(count), args(**flags), collator=None, rank=rank,
+                                        world_size=world_size, on_gpu=False)
+
+
+@pytest.mark.parametrize("strategy", ["group_by_length", "random", "sequential"])
+def test_every_sampling_strategy_gives_disjoint_shards_that_cover_the_train_set(strategy: str) -> None:
+    per_rank = [list(train_batches(48, 2, rank, train_sampling_strategy=strategy)[0]) for rank in (0, 1)]
+    assert sorted(per_rank[0] + per_rank[1]) == list(range(48))
+    if strategy == "sequential":
+        assert per_rank[0] == list(range(0, 48, 2))  # DistributedSampler deals round-robin
+
+
+def test_plan_counts_a_short_last_accumulation_window_as_a_step() -> None:
+    # 100 examples over 2 ranks: 50 each, 13 micro-batches of 4 (the last holds 2); 13 / 3 -> 5 steps.
+    _, loader, plan = train_batches(100, 2, gradient_accumulation_steps=3, num_train_epochs=2)
+    assert len(loader) == plan.micro_batches_per_epoch == 13
+    assert (plan.steps_per_epoch, plan.total_steps) == (5, 10)
+    assert plan.global_batch_size == BATCH * 3 * 2
+    assert train_batches(100, 2, gradient_accumulation_steps=3, max_steps=7)[2].total_steps == 7  # wins over epochs
+
+
+def test_plan_refuses_a_batch_larger_than_the_train_set() -> None:
+    with pytest.raises(ConfigError, match=r"the train set has 7 examples, fewer than one batch across all processes "
+                                          r"\(--per_device_train_batch_size 4 x WORLD_SIZE 2\)"):
+        train_batches(7, 2)

@@ -1,0 +1,168 @@
+"""The native loop's own flags: exactly what it implements, under transformers' names and defaults.
+
+A flag it does not implement is unknown to its parser, so it is refused like a typo. The names and
+defaults it shares with transformers.TrainingArguments let a config file move between the loops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import transformers
+from conftest import PACKAGE, REPO_ROOT, package_module, run_env
+
+config = package_module("config")
+ConfigError = config.ConfigError
+TrainingArguments = package_module("training_args").TrainingArguments
+
+REQUIRED = ["--model_name_or_path", "some/model", "--train_file", "train.jsonl"]
+# The project's own flag; the Trainer variant adds it to transformers.TrainingArguments as well.
+PROJECT_FLAGS = {"mixed_precision"}
+# Where this loop's default differs from transformers.TrainingArguments', on purpose.
+OWN_DEFAULTS = {
+    "output_dir": "outputs",  # transformers: None, which it then refuses
+    "do_train": True,  # transformers' do_* only inform scripts; here they choose what runs
+    "do_eval": True,
+    "train_sampling_strategy": "group_by_length",  # little padding: 2.9x faster on imdb-like lengths
+    "logging_steps": 10,
+    "save_total_limit": 2,
+    # transformers' None means "decide at run time"; the Trainer variant sets False too (BERT uses every parameter).
+    "ddp_find_unused_parameters": False,
+    "ddp_broadcast_buffers": False,  # None: DDP's own True; these models' buffers never change
+    "disable_tqdm": False,  # None: on unless the log level hides it
+}
+
+
+def parse(*flags: str) -> TrainingArguments:
+    return config.parse_args(TrainingArguments, [*REQUIRED, *flags])[2]
+
+
+def transformers_default(field: dataclasses.Field):
+    return field.default_factory() if field.default is dataclasses.MISSING else field.default
+
+
+def test_every_flag_has_a_transformers_namesake() -> None:
+    """So a config written for the Trainer variant runs here, and the reverse, as long as it uses these flags."""
+    names = {field.name for field in dataclasses.fields(transformers.TrainingArguments)}
+    assert sorted(field.name for field in dataclasses.fields(TrainingArguments) if field.name not in names) \
+        == sorted(PROJECT_FLAGS)
+
+
+def test_defaults_follow_transformers_except_the_documented_ones() -> None:
+    theirs = {field.name: transformers_default(field) for field in dataclasses.fields(transformers.TrainingArguments)}
+    ours = {field.name: field.default for field in dataclasses.fields(TrainingArguments) if field.name in theirs}
+    differing = {name: default for name, default in ours.items() if default != theirs[name]}
+    assert differing == OWN_DEFAULTS
+
+
+def test_precision_is_left_to_the_run_start_not_resolved_while_parsing() -> None:
+    """Each process resolves it when it picks its device (train.setup_distributed); the Trainer variant's differs."""
+    parsed = parse()
+    assert (parsed.mixed_precision, parsed.fp16, parsed.bf16, parsed.use_cpu) == ("auto", False, False, False)
+
+
+@pytest.mark.parametrize("flags", [
+    ["--label_smoothing_factor", "0.1"],
+    ["--push_to_hub", "true"],
+    ["--gradient_checkpointing", "true"],
+    ["--accelerator_config", '{"split_batches": true}'],
+    ["--remove_unused_columns", "true"],
+], ids=lambda flags: flags[0])
+def test_a_trainer_only_flag_is_refused_by_the_parser(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as refusal:
+        parse(*flags)
+    assert refusal.value.code == 2
+    assert f"error: unrecognized arguments: {' '.join(flags)}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--report_to", "wandb"),
+    ("--optim", "sgd"),
+    ("--train_sampling_strategy", "batch_rebalance"),
+    ("--lr_scheduler_type", "reduce_lr_on_plateau"),  # its step() wants an eval metric
+    ("--save_strategy", "best"),
+    ("--ddp_backend", "mpi"),
+])
+def test_a_trainer_only_value_is_refused_by_the_parser(flag: str, value: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as refusal:
+        parse(flag, value)
+    assert refusal.value.code == 2
+    assert re.search(f"error: argument {flag}.*: invalid choice: '{value}'", capsys.readouterr().err)
+
+
+def test_a_config_file_with_a_trainer_only_key_is_refused_by_name(tmp_path: Path) -> None:
+    path = tmp_path / "trainer.yaml"
+    path.write_text("model_name_or_path: m\ntrain_file: t.jsonl\nlabel_smoothing_factor: 0.1\n")
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) label_smoothing_factor;"):
+        config.parse_args(TrainingArguments, [str(path)])
+
+
+def test_the_flags_it_implements_are_parsed_to_their_types() -> None:
+    expected = dict(optim="adamw_torch", eval_strategy="steps", eval_steps=5, do_train=False, dataloader_num_workers=2,
+                    lr_scheduler_type="cosine", max_grad_norm=0.5, ddp_timeout=60, train_sampling_strategy="random",
+                    dataloader_drop_last=True, warmup_steps=0.1, tf32=False)
+    parsed = parse(*(text for name, value in expected.items() for text in (f"--{name}", str(value).lower())),
+                   "--no_dataloader_pin_memory")
+    assert {name: getattr(parsed, name) for name in expected} == expected
+    assert parsed.dataloader_pin_memory is False
+
+
+def test_help_is_short_and_lists_only_this_loops_flags() -> None:
+    result = subprocess.run([sys.executable, "-m", f"{PACKAGE}.train", "--help"], cwd=REPO_ROOT,
+                            env=run_env(COLUMNS="80"), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) <= 150
+    listed = set(re.findall(r"^  --(\w+)", result.stdout, flags=re.MULTILINE))
+    fields = {field.name for group in (config.ModelArguments, config.DataArguments, TrainingArguments)
+              for field in dataclasses.fields(group)}
+    # HfArgumentParser adds --no_<flag> for a bool flag that defaults to true.
+    assert {name.removeprefix("no_") if name.removeprefix("no_") in fields else name for name in listed} == fields
+
+
+def test_report_to_tensorboard_without_tensorboard_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "tensorboard" else real_find_spec(name, *rest))
+    with pytest.raises(ConfigError, match="--report_to tensorboard: the tensorboard package is not installed; "
+                                          "pip install tensorboard"):
+        parse("--report_to", "tensorboard")
+
+
+WHOLE_OR_FRACTION = "use a whole number of steps, or a fraction of the run below 1"
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--logging_steps", "2.5", f"--logging_steps 2.5: {WHOLE_OR_FRACTION}"),
+    ("--save_steps", "0", f"--save_steps 0.0: {WHOLE_OR_FRACTION}"),
+    ("--eval_steps", "-1", f"--eval_steps -1.0: {WHOLE_OR_FRACTION}"),
+    ("--per_device_train_batch_size", "0", "--per_device_train_batch_size 0: must be >= 1"),
+    ("--per_device_eval_batch_size", "0", "--per_device_eval_batch_size 0: must be >= 1"),
+    ("--gradient_accumulation_steps", "0", "--gradient_accumulation_steps 0: must be >= 1"),
+])
+def test_bad_step_and_batch_counts_are_refused(flag: str, value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse(flag, value)
+
+
+def test_fractional_intervals_below_one_are_accepted() -> None:
+    parsed = parse("--logging_steps", "0.25", "--save_steps", "0.5", "--eval_steps", "1")
+    assert (parsed.logging_steps, parsed.save_steps, parsed.eval_steps) == (0.25, 0.5, 1)
+
+
+def test_contradictory_precision_flags_are_refused_before_any_process_group_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The native loop resolves precision when the run starts, per process, not while parsing."""
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    args = parse("--use_cpu", "true", "--fp16", "true", "--bf16", "true")
+    with pytest.raises(ConfigError, match="--fp16 and --bf16"):
+        package_module("train").setup_distributed(args)

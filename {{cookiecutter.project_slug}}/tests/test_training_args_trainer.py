@@ -1,0 +1,132 @@
+"""The Trainer variant's flags: transformers.TrainingArguments with device, backend and precision
+decided before the Trainer sets up devices, and the checks train.py adds around the Trainer.
+
+In process, one parse per test: no torchrun, no network.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState
+from conftest import package_module, smoke_flags
+
+config = package_module("config")
+ConfigError = config.ConfigError
+TrainingArguments = package_module("training_args").TrainingArguments
+train = package_module("train")
+
+REQUIRED = ["--model_name_or_path", "some/model", "--train_file", "train.jsonl"]
+
+
+@pytest.fixture(autouse=True)
+def single_process(monkeypatch: pytest.MonkeyPatch):
+    """No torchrun or accelerate settings from the shell; no accelerate state left for the next module.
+
+    Parsing runs transformers' device setup, which fills accelerate's process-wide PartialState.
+    """
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_CPU"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def parse(*argv: str) -> TrainingArguments:
+    return config.parse_args(TrainingArguments, [*REQUIRED, *argv])[2]
+
+
+# ---- defaults the Trainer needs ----------------------------------------------------------------
+
+
+def test_the_length_column_reaches_the_sampler() -> None:
+    """The Trainer would drop "length" before its length-grouped sampler reads it; the collator drops it instead."""
+    assert parse().remove_unused_columns is False
+
+
+# ---- device, backend and precision, resolved while parsing --------------------------------------
+
+
+def test_mixed_precision_defaults_to_auto_and_reads_back_as_the_resolved_precision() -> None:
+    """transformers' own __post_init__ sets an attribute of the same name (what the Trainer hands to
+    Accelerator) from fp16/bf16, so after parsing the field holds the resolved precision, not 'auto'."""
+    training_args = parse()
+    resolved = "bf16" if training_args.bf16 else "fp16" if training_args.fp16 else "no"
+    assert training_args.mixed_precision == resolved
+    if not torch.cuda.is_available():
+        assert training_args.mixed_precision == "no"
+
+
+def test_accelerate_mixed_precision_env_cannot_override_the_resolved_precision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    training_args = parse("--mixed_precision", "no")
+    assert (training_args.fp16, training_args.bf16) == (False, False)
+    assert training_args.mixed_precision == "no"
+
+
+def test_device_and_precision_follow_the_machine() -> None:
+    training_args = parse()
+    assert training_args.ddp_backend is None  # a single process: no backend to choose
+    if not torch.cuda.is_available():
+        assert training_args.use_cpu is True
+        assert (training_args.fp16, training_args.bf16) == (False, False)
+    else:
+        bf16_ok = torch.cuda.is_bf16_supported(including_emulation=False)
+        assert training_args.use_cpu is False
+        assert (training_args.fp16, training_args.bf16) == (not bf16_ok, bf16_ok)
+
+
+def test_contradictory_precision_flags_are_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="--fp16 and --bf16"):
+        parse("--fp16", "true", "--bf16", "true")
+
+
+# ---- the length-grouped sampler under accelerate ------------------------------------------------
+
+
+def test_group_by_length_turns_off_the_seedable_sampler_and_random_keeps_it() -> None:
+    assert parse().accelerator_config.use_seedable_sampler is False
+    assert parse("--train_sampling_strategy", "random").accelerator_config.use_seedable_sampler is True
+
+
+def test_an_explicit_accelerator_config_is_kept(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("model_name_or_path: m\ntrain_file: t.jsonl\naccelerator_config:\n  use_seedable_sampler: true\n")
+    _, _, training_args = config.parse_args(TrainingArguments, [str(path)])
+    assert training_args.train_sampling_strategy == "group_by_length"
+    assert training_args.accelerator_config.use_seedable_sampler is True
+
+
+# ---- train.py's checks around the Trainer -------------------------------------------------------
+
+
+def test_world_size_without_a_process_group_is_refused_naming_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not torch.distributed.is_initialized()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match=r"WORLD_SIZE=2 but this process would train with world size 1"):
+        train.check_really_distributed(1)
+    # Even a Trainer that claims world size 2 is refused while no process group spans it.
+    with pytest.raises(RuntimeError, match=r"process group size 1"):
+        train.check_really_distributed(2)
+
+
+def test_a_plain_single_process_run_passes_the_distribution_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert train.check_really_distributed(1) is None  # WORLD_SIZE unset
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert train.check_really_distributed(1) is None
+
+
+def test_trainer_does_not_let_the_model_scale_the_loss_by_items_in_batch(smoke_assets: Path, tmp_path: Path) -> None:
+    """The Trainer must not believe the model averages the loss over num_items_in_batch itself.
+
+    BERT's classification head takes **kwargs but ignores num_items_in_batch and returns a per-batch
+    mean. With accepts_loss_kwargs True the Trainer would multiply that loss (and the gradients) by
+    the world size under DDP and skip dividing by the gradient-accumulation steps.
+    """
+    flags = [*smoke_flags(smoke_assets, tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")]
+    trainer = train.build_trainer(*config.parse_args(TrainingArguments, flags))
+    assert trainer.model.accepts_loss_kwargs is False
+    assert trainer.model_accepts_loss_kwargs is False
