@@ -40,9 +40,13 @@ test-fast: $(BIN)/.installed
 lint: $(BIN)/.installed
 	$(BIN)/ruff check hooks tests bench
 
+# Both loops against the seed guide's loop and the compute limit, one workload side by side: under
+# 10 minutes on 2 CPU cores, not part of `make test`. Markdown on stdout, JSON in bench/results/.
+# BENCH_ARGS passes options (e.g. BENCH_ARGS="--repeats 5"). bench/length_grouping.py,
+# bench/compare_loops.py and bench/gpu_check.sh run on their own.
+BENCH_ARGS ?=
 bench: $(BIN)/.installed
-	$(BIN)/python bench/length_grouping.py
-	$(BIN)/python bench/compare_loops.py
+	$(BIN)/python bench/benchmark.py $(BENCH_ARGS)
 
 clean:
 	rm -rf build $(VENV)

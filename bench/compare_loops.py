@@ -21,16 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from cookiecutter.main import cookiecutter
+from workload import PACKAGE, render
 
-TEMPLATE = Path(__file__).resolve().parents[1]
 LOOPS = ("trainer", "native")
-PACKAGE = "text_classifier"  # the default project name's package
-
-
-def render(loop: str, output_dir: Path) -> Path:
-    return Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(output_dir / loop),
-                             extra_context={"training_loop": loop}))
 
 
 def environment(repo: Path) -> dict[str, str]:
@@ -73,7 +66,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="compare_loops_") as scratch:
         scratch = Path(scratch)
-        repos = {loop: render(loop, scratch) for loop in LOOPS}
+        repos = {loop: render(scratch / loop, training_loop=loop) for loop in LOOPS}
         assets = scratch / "smoke_assets"
         subprocess.run([sys.executable, "-m", f"{PACKAGE}.smoke", "--output_dir", str(assets)], check=True,
                        env=environment(repos["native"]), capture_output=True)

@@ -14,47 +14,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from cookiecutter.main import cookiecutter
+from workload import MAX_TOKENS, imdb_like_rows, render, save_model, smoke_module, write_jsonl
 
-TEMPLATE = Path(__file__).resolve().parents[1]
-
-
-def render(workdir: Path) -> Path:
-    project = cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(workdir))
-    return Path(project)
+# The smoke model's size, with room for 512 positions.
+MODEL_CONFIG = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128}
 
 
 def write_imdb_like(project: Path, data_dir: Path, size: int, seed: int) -> None:
-    sys.path.insert(0, str(project / "src"))
-    from text_classifier.smoke import NEGATIVE, NEUTRAL, POSITIVE, build_model, build_tokenizer
-
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(size):
-        label = rng.randrange(2)
-        length = min(500, max(10, int(rng.lognormvariate(5.15, 0.75))))
-        words = [rng.choice(NEUTRAL) for _ in range(length)]
-        for _ in range(max(2, length // 10)):
-            words[rng.randrange(length)] = rng.choice(POSITIVE if label else NEGATIVE)
-        rows.append({"text": " ".join(words), "label": label})
-    data_dir.mkdir(parents=True, exist_ok=True)
-    (data_dir / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (data_dir / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:64]))
-
-    tokenizer = build_tokenizer()
-    tokenizer.model_max_length = 512
-    tokenizer.save_pretrained(data_dir / "model")
-    model = build_model(len(tokenizer), seed)
-    model.config.max_position_embeddings = 512
-    model = type(model)(model.config)
-    model.save_pretrained(data_dir / "model")
+    smoke = smoke_module(project)
+    rows = imdb_like_rows(smoke, size, seed, max_words=500)
+    write_jsonl(data_dir / "train.jsonl", rows)
+    write_jsonl(data_dir / "validation.jsonl", rows[:64])
+    save_model(smoke, data_dir / "model", MODEL_CONFIG, seed)
 
 
 def train_once(project: Path, data_dir: Path, strategy: str, output_dir: Path, batch_size: int) -> float:
@@ -64,7 +41,7 @@ def train_once(project: Path, data_dir: Path, strategy: str, output_dir: Path, b
         "--train_file", str(data_dir / "train.jsonl"),
         "--validation_file", str(data_dir / "validation.jsonl"),
         "--output_dir", str(output_dir),
-        "--max_seq_length", "512",
+        "--max_seq_length", str(MAX_TOKENS),
         "--per_device_train_batch_size", str(batch_size),
         "--num_train_epochs", "1",
         "--save_strategy", "no",
@@ -102,7 +79,7 @@ def main() -> None:
 
         tokenizer = AutoTokenizer.from_pretrained(data_dir / "model")
         texts = [json.loads(line)["text"] for line in (data_dir / "train.jsonl").read_text().splitlines()]
-        lengths = [len(ids) for ids in tokenizer(texts, truncation=True, max_length=512)["input_ids"]]
+        lengths = [len(ids) for ids in tokenizer(texts, truncation=True, max_length=MAX_TOKENS)["input_ids"]]
         order_random = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(0)).tolist()
         order_grouped = get_length_grouped_indices(lengths, args.batch_size, generator=torch.Generator().manual_seed(0))
         b = args.batch_size

@@ -1,0 +1,285 @@
+"""Both loops on one CUDA GPU: bf16 throughput and model-FLOPs utilisation, then half-precision checkpoints.
+
+Run it through bench/gpu_check.sh, which finds or installs what it needs (see its --help):
+
+    python bench/gpu_check.py [--cpu] [--rendered DIR] [--workdir DIR] [--json FILE]
+    python bench/gpu_check.py --render-only DIR
+
+1. Renders both training loops (or takes them from --rendered), writes imdb-like data
+   (bench/workload.py) and a bert-base-sized BertForSequenceClassification built from a config
+   (12 layers, hidden 768, vocabulary 30522), saved with save_pretrained in float32, float16 and
+   bfloat16.
+2. Throughput: each loop trains one epoch through its `scripts/train_single_node.sh
+   configs/local_files.yaml` (the real-run settings, on local files), with 1 process, nccl, bf16.
+   bench/probe/ measures it (see bench_probe.py): after the warm-up steps, the real (non-padding)
+   tokens and the squared real lengths that went through the model, timed with CUDA events up to
+   the last step. Model FLOPs = 6 N T + 12 L H sum(l^2): N = L (4 H^2 + 2 H I) weights in the encoder's matrix
+   products, T real tokens, l each example's real length; embeddings, norms and softmax are not
+   counted. MFU = model FLOPs / seconds / the GPU's dense bf16 peak (a table below, or
+   PEAK_BF16_TFLOPS). Targets: MFU >= 40% for both loops; native samples/s >= the Trainer's.
+3. Half-precision checkpoints: each loop trains a few steps from the float16 checkpoint with
+   --mixed_precision fp16 and from the bfloat16 one with --mixed_precision bf16. A run passes when
+   it exits 0 with a finite train loss and saves float32 weights (the loops train fp32 weights and
+   leave precision to autocast).
+
+--cpu runs the same logic at tiny sizes on the CPU (gloo, fp32; fp16 is CUDA-only, so the float16
+checkpoint trains with --mixed_precision no there), to check the script where there is no GPU.
+Every failure prints a line starting with `error:`; the exit status is 1 if any run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from workload import imdb_like_rows, render, save_model, smoke_module, write_jsonl
+
+BENCH = Path(__file__).resolve().parent
+LOOPS = ("native", "trainer")
+PROJECT = "text-classifier"  # the default answers' project folder
+BERT_BASE = {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+             "intermediate_size": 3072}
+TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 256}
+SIZES = {  # examples, per-device batch, warm-up steps left out of the timing
+    "cuda": {"model": BERT_BASE, "train": 24576, "eval": 256, "batch": 64, "warmup": 20, "half_train": 512,
+             "half_steps": 16, "backend": "nccl", "precision": "bf16"},
+    "cpu": {"model": TINY, "train": 256, "eval": 32, "batch": 8, "warmup": 2, "half_train": 64,
+            "half_steps": 4, "backend": "gloo", "precision": "no"},
+}
+# Dense bf16 peak in TFLOP/s by device name, most specific first (vendor data sheets, without sparsity).
+PEAK_BF16_TFLOPS = [
+    (r"GB200", 2500), (r"B200", 2250), (r"B100", 1750), (r"H200 NVL", 835), (r"H200", 989), (r"GH200", 989),
+    (r"H100 PCIe", 756), (r"H100 NVL", 835), (r"H100", 989), (r"H800", 989), (r"\bH20\b", 148),
+    (r"A100", 312), (r"A800", 312), (r"A30\b", 165), (r"A40\b", 150), (r"A10G", 70), (r"A10\b", 125),
+    (r"L40S", 362), (r"L40\b", 181), (r"L4\b", 121),
+]
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+def peak_tflops(device_name: str) -> float | None:
+    if os.environ.get("PEAK_BF16_TFLOPS"):
+        return float(os.environ["PEAK_BF16_TFLOPS"])
+    return next((peak for pattern, peak in PEAK_BF16_TFLOPS if re.search(pattern, device_name)), None)
+
+
+def projects_from(args: argparse.Namespace, workdir: Path) -> dict[str, Path]:
+    if args.rendered is None:
+        return {loop: render(workdir / "render" / loop, training_loop=loop) for loop in LOOPS}
+    projects = {loop: args.rendered / loop / PROJECT for loop in LOOPS}
+    missing = [str(path) for path in projects.values() if not (path / "scripts" / "train_single_node.sh").is_file()]
+    if missing:
+        raise SystemExit(f"error: --rendered {args.rendered}: no rendered project at {', '.join(missing)}; "
+                         "make them with bench/gpu_check.sh --render-only DIR")
+    return projects
+
+
+def stored_dtypes(model_dir: Path) -> set[str]:
+    """The tensor dtypes in a save_pretrained folder's safetensors files, read from their headers."""
+    dtypes = set()
+    for path in model_dir.glob("*.safetensors"):
+        with path.open("rb") as file:
+            header = json.loads(file.read(int.from_bytes(file.read(8), "little")))
+        dtypes |= {entry["dtype"] for name, entry in header.items() if name != "__metadata__"}
+    return dtypes
+
+
+def write_assets(project: Path, data: Path, sizes: dict) -> None:
+    smoke = smoke_module(project)
+    write_jsonl(data / "train.jsonl", imdb_like_rows(smoke, sizes["train"], 0, max_words=1000))
+    write_jsonl(data / "half_train.jsonl", imdb_like_rows(smoke, sizes["half_train"], 1, max_words=1000))
+    write_jsonl(data / "validation.jsonl", imdb_like_rows(smoke, sizes["eval"], 2, max_words=1000))
+    for dtype, stored in (("float32", "F32"), ("float16", "F16"), ("bfloat16", "BF16")):
+        save_model(smoke, data / f"model-{dtype}", sizes["model"], seed=0, dtype=dtype)
+        if stored_dtypes(data / f"model-{dtype}") != {stored}:  # else the half-precision runs prove nothing
+            raise SystemExit(f"error: the {dtype} checkpoint holds {stored_dtypes(data / f'model-{dtype}')}, "
+                             f"not {stored} only")
+
+
+def train(project: Path, run_dir: Path, flags: list[str], warmup: int) -> tuple[subprocess.CompletedProcess, float]:
+    env = dict(os.environ, PYTHON=sys.executable, NPROC_PER_NODE="1", PYTHONPATH=str(BENCH / "probe"),
+               BENCH_PROBE_DIR=str(run_dir / "probe"), BENCH_PROBE_WARMUP_STEPS=str(warmup),
+               HF_HOME=str(run_dir / "hf"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    # The project's config for a real run on local files (older renders: the default one).
+    config = next(name for name in ("configs/local_files.yaml", "configs/default.yaml") if (project / name).is_file())
+    command = [str(project / "scripts" / "train_single_node.sh"), config,
+               "--output_dir", str(run_dir / "output"), "--disable_tqdm", "true", *flags]
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True)
+    return result, time.perf_counter() - start
+
+
+def last_error(result: subprocess.CompletedProcess) -> str:
+    """The line that says what went wrong: the loop's own `error:` line, else the last exception."""
+    lines = [line.strip() for line in (result.stderr + result.stdout).splitlines() if line.strip()]
+    own = [line for line in lines if line.startswith("error:")]
+    raised = [line for line in lines
+              if re.match(r"\w+(\.\w+)*(Error|Exception)\b", line) and "ChildFailedError" not in line]
+    return (own or raised or lines or ["no output"])[-1][:300]
+
+
+def throughput(loop: str, project: Path, data: Path, workdir: Path, sizes: dict, device: str, peak: float | None):
+    run_dir = workdir / f"throughput-{loop}"
+    flags = ["--model_name_or_path", str(data / "model-float32"), "--train_file", str(data / "train.jsonl"),
+             "--validation_file", str(data / "validation.jsonl"), "--num_train_epochs", "1",
+             "--per_device_train_batch_size", str(sizes["batch"]), "--per_device_eval_batch_size", str(sizes["batch"]),
+             "--mixed_precision", sizes["precision"], "--ddp_backend", sizes["backend"], "--eval_strategy", "no",
+             "--save_strategy", "no", "--logging_steps", "50"]
+    if device == "cpu":
+        flags += ["--dataloader_num_workers", "0"]  # the config's 4 loader workers only slow a small CPU down
+    result, wall = train(project, run_dir, flags, sizes["warmup"])
+    if result.returncode != 0:
+        fail(f"{loop} bf16 throughput run exited {result.returncode}: {last_error(result)}")
+        return None
+    probe_file = run_dir / "probe" / "rank0.json"
+    probe = json.loads(probe_file.read_text()) if probe_file.is_file() else {}
+    if not probe.get("samples"):
+        fail(f"{loop}: the probe counted nothing after {sizes['warmup']} warm-up steps ({probe_file})")
+        return None
+    seconds = probe["gpu_window_seconds"] or (probe["last_step"] - probe["window_start"])
+    config = sizes["model"]
+    layers, hidden, inner = config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"]
+    weights = layers * (4 * hidden * hidden + 2 * hidden * inner)
+    flops = 6 * weights * probe["real_tokens"] + 12 * layers * hidden * probe["squared_lengths"]
+    metrics = json.loads((run_dir / "output" / "metrics.json").read_text())
+    return {
+        "loop": loop, "wall_s": round(wall, 1), "timed_steps": probe["steps"] - probe["warmup_steps"],
+        "samples_per_s": round(probe["samples"] / seconds, 1),
+        "real_tokens_per_s": round(probe["real_tokens"] / seconds),
+        "padding_efficiency": round(probe["real_tokens"] / probe["processed_tokens"], 3),
+        "model_tflops_per_s": float(f"{flops / seconds / 1e12:.3g}"),
+        "mfu": None if peak is None else round(flops / seconds / (peak * 1e12), 3),
+        "loop_train_samples_per_s": metrics.get("train_samples_per_second"),
+        "peak_rss_mib": probe["peak_rss_mib"],
+    }
+
+
+def half_precision(loop: str, project: Path, data: Path, workdir: Path, sizes: dict, dtype: str, precision: str):
+    run_dir = workdir / f"half-{loop}-{dtype}-{precision}"
+    flags = ["--model_name_or_path", str(data / f"model-{dtype}"), "--train_file", str(data / "half_train.jsonl"),
+             "--validation_file", str(data / "validation.jsonl"), "--max_steps", str(sizes["half_steps"]),
+             "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "16",
+             "--mixed_precision", precision, "--ddp_backend", sizes["backend"], "--eval_strategy", "no",
+             "--save_strategy", "no", "--dataloader_num_workers", "0"]
+    result, wall = train(project, run_dir, flags, warmup=0)
+    outcome = {"loop": loop, "checkpoint": dtype, "mixed_precision": precision, "wall_s": round(wall, 1)}
+    if result.returncode != 0:
+        return outcome | {"passed": False, "detail": f"exit {result.returncode}: {last_error(result)}"}
+    metrics = json.loads((run_dir / "output" / "metrics.json").read_text())
+    loss, saved = metrics.get("train_loss"), stored_dtypes(run_dir / "output")
+    passed = isinstance(loss, float) and math.isfinite(loss) and loss > 0 and saved == {"F32"}
+    return outcome | {"passed": passed, "detail": f"train loss {loss}, saved weights {'/'.join(sorted(saved))}"}
+
+
+def report(device_name: str, peak: float | None, runs: list[dict], halves: list[dict], cpu: bool) -> list[dict]:
+    """Print the tables; return the targets."""
+    peak_text = f"{peak:g} TFLOP/s dense bf16" if peak else "unknown peak (set PEAK_BF16_TFLOPS)"
+    print(f"\n{device_name}, {peak_text}\n")
+    print("| Loop | Samples/s | Real tokens/s | Padding eff. | Model TFLOP/s | MFU | Loop's own samples/s | Wall (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for run in runs:
+        mfu = "n/a" if run["mfu"] is None else f"{run['mfu']:.1%}"
+        print(f"| {run['loop']} | {run['samples_per_s']} | {run['real_tokens_per_s']} | {run['padding_efficiency']} "
+              f"| {run['model_tflops_per_s']} | {mfu} | {run['loop_train_samples_per_s']} | {run['wall_s']} |")
+    print("\n| Loop | Checkpoint | --mixed_precision | Result | Detail |\n|---|---|---|---|---|")
+    for half in halves:
+        print(f"| {half['loop']} | {half['checkpoint']} | {half['mixed_precision']} | "
+              f"{'pass' if half['passed'] else 'FAIL'} | {half['detail']} |")
+    by_loop = {run["loop"]: run for run in runs}
+    targets = []
+    for loop in LOOPS:
+        if loop in by_loop and by_loop[loop]["mfu"] is not None:
+            targets.append({"target": f"{loop} MFU >= 40%", "value": by_loop[loop]["mfu"],
+                            "met": by_loop[loop]["mfu"] >= 0.40})
+    if len(by_loop) == 2:
+        ratio = by_loop["native"]["samples_per_s"] / by_loop["trainer"]["samples_per_s"]
+        targets.append({"target": "native samples/s >= Trainer's", "value": round(ratio, 3), "met": ratio >= 1.0})
+    print()
+    for target in targets:
+        print(f"- {target['target']}: {target['value']} ({'met' if target['met'] else 'missed'})")
+    if cpu:
+        print("- figures from --cpu (tiny sizes, one process) check the script's logic; they measure nothing")
+    return targets
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU: checks the logic without a GPU")
+    parser.add_argument("--rendered", type=Path, help="projects rendered earlier with --render-only")
+    parser.add_argument("--render-only", type=Path, metavar="DIR", help="render both loops into DIR and stop")
+    parser.add_argument("--workdir", type=Path, help="scratch folder (default: a temporary one, removed)")
+    parser.add_argument("--json", type=Path, default=BENCH / "results" / "gpu_check.json")
+    args = parser.parse_args()
+    if args.render_only is not None:
+        for loop in LOOPS:
+            print(render(args.render_only / loop, training_loop=loop))
+        return 0
+
+    import torch
+
+    device = "cpu" if args.cpu else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        fail(f"torch {torch.__version__} sees no CUDA GPU (a CPU build, or no driver): install a CUDA build of "
+             "torch, or pass --cpu to check this script's logic on the CPU")
+        return 1
+    # One process drives one GPU (the loops refuse a single process that sees several); --cpu hides them all.
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") or "0"
+    os.environ["CUDA_VISIBLE_DEVICES"] = "" if device == "cpu" else visible.split(",")[0]
+    device_name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (--cpu)"
+    peak = peak_tflops(device_name) if device == "cuda" else None
+    if device == "cuda" and peak is None:
+        fail(f"no known bf16 peak for {device_name!r}: set PEAK_BF16_TFLOPS; MFU is reported as n/a")
+    sizes = SIZES[device]
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    started = time.perf_counter()
+    try:
+        projects = projects_from(args, workdir)
+        data = workdir / "data"
+        write_assets(projects["native"], data, sizes)
+        print(f"assets ready after {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+        runs = []
+        for loop in LOOPS:
+            run = throughput(loop, projects[loop], data, workdir, sizes, device, peak)
+            if run is not None:
+                runs.append(run)
+                print(f"{loop}: {run['samples_per_s']} samples/s, {run['model_tflops_per_s']} model TFLOP/s, "
+                      f"wall {run['wall_s']} s",
+                      file=sys.stderr, flush=True)
+        halves = []
+        for loop in LOOPS:
+            for dtype, precision in (("float16", "fp16" if device == "cuda" else "no"), ("bfloat16", "bf16")):
+                half = half_precision(loop, projects[loop], data, workdir, sizes, dtype, precision)
+                halves.append(half)
+                if not half["passed"]:
+                    fail(f"{loop} from the {dtype} checkpoint with --mixed_precision {precision}: {half['detail']}")
+                print(f"{loop} {dtype} {precision}: {'pass' if half['passed'] else 'FAIL'}", file=sys.stderr,
+                      flush=True)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    targets = report(device_name, peak, runs, halves, cpu=device == "cpu")
+    elapsed = time.perf_counter() - started
+    print(f"\ngpu check took {elapsed:.0f} s")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"device": device_name, "peak_bf16_tflops": peak, "torch": torch.__version__,
+                                     "sizes": sizes, "throughput": runs, "half_precision": halves,
+                                     "targets": targets, "elapsed_s": elapsed}, indent=1) + "\n")
+    failed = len(runs) < len(LOOPS) or not all(half["passed"] for half in halves) or (device == "cuda" and peak is None)
+    if failed:
+        fail("some runs failed; see the error lines above")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""What a benchmark row measures inside each training process, with the training code unchanged.
+
+sitecustomize.py installs it in every torchrun worker when BENCH_PROBE_DIR is set. It uses hooks
+torch offers for this, and writes BENCH_PROBE_DIR/rank<RANK>.json when the process exits:
+
+- a global optimizer-step post-hook: the wall-clock time (time.time()) of the first and the last
+  optimizer step, and how many there were;
+- a global module forward pre-hook that waits for the first train-mode call of a
+  `*ForSequenceClassification` module (the model being trained), notes the time, and hands over to
+  a forward hook on that module alone (so no other module runs a hook). For each train-mode
+  forward it counts the examples, the processed tokens (input_ids.numel(), padding included), the
+  real tokens (the attention mask's sum) and the squared real lengths (attention FLOPs grow with
+  them). Eval forwards are not counted;
+- the CPU time the process used in the window (time.process_time()), which other work on the
+  machine changes less than wall time;
+- at exit: the process's peak resident set size (getrusage's ru_maxrss, in KiB on Linux).
+
+The counted window runs from the first train forward, or with BENCH_PROBE_WARMUP_STEPS=N from the
+end of optimizer step N, to the last optimizer step. On CUDA the counters stay on the GPU (no
+synchronisation per step) and CUDA events also time the window on the GPU's own clock.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import resource
+import time
+from pathlib import Path
+
+import torch
+from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+MODEL_SUFFIX = "ForSequenceClassification"
+
+
+class Probe:
+    def __init__(self, out_dir: str, rank: int, warmup_steps: int) -> None:
+        self.path = Path(out_dir) / f"rank{rank}.json"
+        self.rank, self.warmup_steps = rank, warmup_steps
+        self.first_forward = self.first_step = self.window_start = self.last_step = None
+        self.window_cpu_start = self.last_step_cpu = None  # time.process_time(): CPU seconds of this process
+        self.steps = 0
+        self.counting = False
+        self.samples = self.processed_tokens = 0
+        self.real: torch.Tensor | None = None  # [real tokens, sum of squared real lengths], on the model's device
+        self.on_gpu = False
+        self.start_event = self.end_event = None
+        self.finder = register_module_forward_pre_hook(self.find_model)
+        register_optimizer_step_post_hook(self.after_step)
+        atexit.register(self.write)
+
+    def open_window(self) -> None:
+        self.window_start, self.window_cpu_start, self.counting = time.time(), time.process_time(), True
+        if self.on_gpu:
+            self.start_event = torch.cuda.Event(enable_timing=True)
+            self.start_event.record()
+
+    def find_model(self, module: torch.nn.Module, args: tuple) -> None:
+        if not (module.training and type(module).__name__.endswith(MODEL_SUFFIX)):
+            return
+        self.finder.remove()
+        self.first_forward = time.time()
+        self.on_gpu = next(module.parameters()).is_cuda
+        if self.warmup_steps == 0:
+            self.open_window()
+        # A forward hook, not a pre-hook: this call's pre-hooks are already chosen, its hooks are not.
+        module.register_forward_hook(self.count, with_kwargs=True)
+
+    def count(self, module: torch.nn.Module, args: tuple, kwargs: dict, output) -> None:
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        if not (self.counting and module.training) or input_ids is None:
+            return
+        mask = kwargs.get("attention_mask")
+        if mask is None:
+            lengths = torch.full(input_ids.shape[:1], input_ids.shape[1], device=input_ids.device)
+        else:
+            lengths = mask.sum(dim=1, dtype=torch.int64)
+        self.samples += input_ids.shape[0]
+        self.processed_tokens += input_ids.numel()
+        real = torch.stack([lengths.sum(), (lengths * lengths).sum()])
+        self.real = real if self.real is None else self.real + real
+
+    def after_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        self.last_step, self.last_step_cpu = time.time(), time.process_time()
+        if self.first_step is None:
+            self.first_step = self.last_step
+        self.steps += 1
+        if self.steps == self.warmup_steps:
+            self.open_window()
+        elif self.on_gpu and self.counting:
+            self.end_event = torch.cuda.Event(enable_timing=True)
+            self.end_event.record()
+
+    def write(self) -> None:
+        real_tokens, squared_lengths = self.real.tolist() if self.real is not None else (0, 0)
+        gpu_window_seconds = None
+        if self.start_event is not None and self.end_event is not None:
+            self.end_event.synchronize()
+            gpu_window_seconds = self.start_event.elapsed_time(self.end_event) / 1000
+        record = {
+            "rank": self.rank, "first_forward": self.first_forward, "first_step": self.first_step,
+            "window_start": self.window_start, "last_step": self.last_step, "steps": self.steps,
+            "warmup_steps": self.warmup_steps, "samples": self.samples, "processed_tokens": self.processed_tokens,
+            "real_tokens": real_tokens, "squared_lengths": squared_lengths, "gpu_window_seconds": gpu_window_seconds,
+            "window_cpu_seconds": None if self.window_cpu_start is None else self.last_step_cpu - self.window_cpu_start,
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        }
+        self.path.write_text(json.dumps(record) + "\n")
+
+
+def install(out_dir: str, rank: int) -> Probe:
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    return Probe(out_dir, rank, int(os.environ.get("BENCH_PROBE_WARMUP_STEPS", "0")))
