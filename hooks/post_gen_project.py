@@ -7,8 +7,9 @@ Steps, in order:
 
 1. Keep the chosen files (``PER_LOOP_FILES``, ``KEPT_ONLY_WHEN``): the chosen loop's
    ``<name>_<loop>.py`` becomes ``<name>.py`` and the other loop's is deleted, and a
-   file kept only for an answer (native-only modules, the sbatch script) is deleted
-   for any other. A file this step expects but cannot find is a template bug: refused.
+   file kept only for an answer (native-only modules, the sbatch script and its logs/
+   folder, the container and Kubernetes files) is deleted for any other, with a folder
+   it leaves empty. A file this step expects but cannot find is a template bug: refused.
 2. Make ``scripts/*.sh`` and ``scripts/*.sbatch`` executable.
 3. Refuse the project if any text file still holds unrendered template text: a
    double-brace expression or a block tag that names ``cookiecutter``. Answers may
@@ -70,7 +71,8 @@ KEPT_ONLY_WHEN = {
         "tests/test_batching.py",
         "tests/test_native_loop.py",
     ),
-    ("include_slurm", True): ("scripts/train_slurm.sbatch",),
+    ("include_slurm", True): ("scripts/train_slurm.sbatch", "logs/.gitkeep"),
+    ("include_kubernetes", True): ("Dockerfile", ".dockerignore", "k8s/trainjob.yaml"),
 }
 
 
@@ -103,6 +105,10 @@ def keep_chosen_files(project: Path, answers: Mapping[str, object]) -> None:
         os.replace(project / source, project / destination)
     for path in deletions:
         (project / path).unlink()
+        folder = (project / path).parent
+        while folder != project and not any(folder.iterdir()):
+            folder.rmdir()  # k8s/ without its manifest, logs/ without SLURM
+            folder = folder.parent
 
 
 # Tool caches that running ruff or pytest inside the template folder leaves behind.

@@ -170,7 +170,7 @@ def check_choice(value: object, choices: tuple[str, ...]) -> str | None:
     return f"{show(value)} is not a choice; use one of: {', '.join(choices)}"
 
 
-def check_include_slurm(value: object) -> str | None:
+def check_boolean(value: object) -> str | None:
     if isinstance(value, bool):
         return None
     # A string such as "no" would be truthy in the templates' if-blocks.
@@ -194,7 +194,8 @@ VALIDATORS: dict[str, Callable[[object], str | None]] = {
         check_whole_number, low=PORT_RANGE[0], high=PORT_RANGE[1], accepted=PORT_ACCEPTED
     ),
     "mixed_precision": partial(check_choice, choices=MIXED_PRECISIONS),
-    "include_slurm": check_include_slurm,
+    "include_slurm": check_boolean,
+    "include_kubernetes": check_boolean,
 }
 
 

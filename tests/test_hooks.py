@@ -81,6 +81,7 @@ GOOD_ANSWERS = {
     "master_port": ["1024", "29500", "65535"],
     "mixed_precision": ["auto", "bf16", "fp16", "no"],
     "include_slurm": [True, False],
+    "include_kubernetes": [True, False],
 }
 
 BAD_ANSWERS = {
@@ -216,6 +217,12 @@ BAD_ANSWERS = {
         ("yes", "not a boolean"),
         ("true", "not a boolean"),
         (1, "not a boolean"),
+        (None, "not a boolean"),
+    ],
+    "include_kubernetes": [
+        ("no", "not a boolean"),
+        ("false", "not a boolean"),
+        (0, "not a boolean"),
         (None, "not a boolean"),
     ],
 }
@@ -373,6 +380,7 @@ BAD_REPLAYS = {
     "training-loop-unknown": ({"training_loop": "keras"}, "training_loop"),
     "mixed-precision-unknown": ({"mixed_precision": "fp8"}, "mixed_precision"),
     "include-slurm-string": ({"include_slurm": "no"}, "include_slurm"),
+    "include-kubernetes-string": ({"include_kubernetes": "no"}, "include_kubernetes"),
     "nnodes-negative": ({"nnodes": "-1"}, "nnodes"),
     "project-name-jinja-newline": ({"project_name": "{{ x }}\n"}, "project_name"),
 }
