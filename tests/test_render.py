@@ -1,11 +1,13 @@
 """Every supported combination renders a clean project; unsupported ones are refused.
 
-Supported: the full product of the choice and boolean variables, training_loop x
-include_slurm x mixed_precision (2 x 2 x 4 = 16), each rendered once per session with
-the same non-default name, model, dataset and columns, so nothing can pass by being
-the default. Each render gets the exact file set, the chosen loop's files, run bits,
-no template leftovers, ruff, ``bash -n`` and shellcheck, TOML/YAML parsing, and the
-recorded answers; one render per training loop and SLURM choice is replayed from them.
+Supported: the full product training_loop x include_slurm x mixed_precision
+(2 x 2 x 4 = 16), with include_kubernetes chosen for two of the four precisions, so
+that the 16 renders also hold every training_loop x include_slurm x include_kubernetes
+file set; each is rendered once per session with the same non-default name, model,
+dataset and columns, so nothing can pass by being the default. Each render gets the
+exact file set, the chosen loop's files, run bits, no template leftovers, ruff,
+``bash -n`` and shellcheck, TOML/YAML parsing, and the recorded answers; one render per
+file set is replayed from them. The Kubernetes files' contents: test_kubernetes.py.
 
 Unsupported: ``UNSUPPORTED`` below, each refused with its one ERROR line.
 
@@ -59,25 +61,30 @@ class Combination(NamedTuple):
     training_loop: str
     include_slurm: bool
     mixed_precision: str
+    include_kubernetes: bool = False
 
     @property
     def id(self) -> str:
         slurm = "slurm" if self.include_slurm else "no-slurm"
-        return f"{self.training_loop}-{slurm}-{self.mixed_precision}"
+        kubernetes = "-k8s" if self.include_kubernetes else ""
+        return f"{self.training_loop}-{slurm}-{self.mixed_precision}{kubernetes}"
 
     @property
     def answers(self) -> dict[str, object]:
         return {**BASE_ANSWERS, **self._asdict()}
 
 
+# Kubernetes only adds files, independent of the other answers: rather than double the
+# renders, half the precisions take it.
+KUBERNETES_PRECISIONS = ("bf16", "no")
 SUPPORTED = [
-    Combination(*values)
-    for values in itertools.product(
+    Combination(loop, slurm, precision, precision in KUBERNETES_PRECISIONS)
+    for loop, slurm, precision in itertools.product(
         ["trainer", "native"], [True, False], ["auto", "bf16", "fp16", "no"]
     )
 ]
 # One per file set: precision only edits YAML.
-FILE_SET_RUNS = [combo for combo in SUPPORTED if combo.mixed_precision == "auto"]
+FILE_SET_RUNS = [combo for combo in SUPPORTED if combo.mixed_precision in ("auto", "bf16")]
 # One render per distinct repo (slurm only removes a file; precision only edits YAML).
 SUITE_RUNS = [
     Combination("trainer", True, "auto"),
@@ -95,10 +102,12 @@ COMMON_FILES = {
     ".cookiecutter.json",
     ".github/workflows/tests.yml",
     ".gitignore",
+    ".pre-commit-config.yaml",
+    "Makefile",
     "README.md",
     "configs/default.yaml",
+    "configs/local_files.yaml",
     "configs/smoke.yaml",
-    "logs/.gitkeep",
     "pyproject.toml",
     "scripts/_common.sh",
     "scripts/train_multi_node.sh",
@@ -107,12 +116,17 @@ COMMON_FILES = {
     f"src/{PACKAGE}/config.py",
     f"src/{PACKAGE}/data.py",
     f"src/{PACKAGE}/distributed.py",
+    f"src/{PACKAGE}/doctor.py",
     f"src/{PACKAGE}/metrics.py",
     f"src/{PACKAGE}/modeling.py",
     f"src/{PACKAGE}/smoke.py",
     "tests/conftest.py",
+    "tests/crash_once.py",
     "tests/test_ddp.py",
+    "tests/test_doctor.py",
     "tests/test_launch_end_to_end.py",
+    "tests/test_preemption.py",
+    "tests/test_restarts.py",
     "tests/test_scripts.py",
     "tests/test_units.py",
 }
@@ -129,7 +143,9 @@ NATIVE_ONLY_FILES = {
     "tests/test_batching.py",
     "tests/test_native_loop.py",
 }
-SLURM_ONLY_FILES = {"scripts/train_slurm.sbatch"}
+SLURM_SCRIPT = "scripts/train_slurm.sbatch"
+SLURM_ONLY_FILES = {SLURM_SCRIPT, "logs/.gitkeep"}
+KUBERNETES_ONLY_FILES = {"Dockerfile", ".dockerignore", "k8s/trainjob.yaml"}
 LAUNCHERS = {"scripts/train_single_node.sh", "scripts/train_multi_node.sh"}
 
 
@@ -139,6 +155,8 @@ def expected_files(combo: Combination) -> set[str]:
         files |= NATIVE_ONLY_FILES
     if combo.include_slurm:
         files |= SLURM_ONLY_FILES
+    if combo.include_kubernetes:
+        files |= KUBERNETES_ONLY_FILES
     return files
 
 
@@ -175,15 +193,22 @@ def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
-def test_supported_combinations_are_every_choice_product(default_answers):
+def test_supported_combinations_cover_every_choice_product_and_file_set(default_answers):
     config = cookiecutter_json()
     assert isinstance(config["include_slurm"], bool)
-    every_product = set(
-        itertools.product(
-            config["training_loop"], [True, False], config["mixed_precision"]
-        )
+    assert isinstance(config["include_kubernetes"], bool)
+    loops, booleans = config["training_loop"], [True, False]
+    assert {combo[:3] for combo in SUPPORTED} == set(
+        itertools.product(loops, booleans, config["mixed_precision"])
     )
-    assert set(SUPPORTED) == every_product
+    file_sets = {
+        (combo.training_loop, combo.include_slurm, combo.include_kubernetes)
+        for combo in SUPPORTED
+    }
+    assert file_sets == set(itertools.product(loops, booleans, booleans))
+    assert len(SUPPORTED) == len(set(SUPPORTED)) == 16
+    replayed = {(c.training_loop, c.include_slurm, c.include_kubernetes) for c in FILE_SET_RUNS}
+    assert replayed == file_sets and len(FILE_SET_RUNS) == len(file_sets)
     for combo in SUPPORTED:
         answers = recorded_answers(combo, default_answers)
         assert pre_gen.find_first_problem(answers) is None, combo.id
@@ -222,7 +247,7 @@ def test_exactly_the_launch_scripts_are_executable_for_everyone(rendered, combo)
     run_bits = stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
     modes = {name: (project / name).stat().st_mode for name in relative_files(project)}
     executable = {name: mode & run_bits for name, mode in modes.items() if mode & run_bits}
-    launchers = LAUNCHERS | (SLURM_ONLY_FILES if combo.include_slurm else set())
+    launchers = LAUNCHERS | ({SLURM_SCRIPT} if combo.include_slurm else set())
     assert executable == dict.fromkeys(launchers, run_bits)
 
 
@@ -307,7 +332,7 @@ def test_configs_parse_and_default_yaml_holds_the_answers(rendered, combo):
         path.name: yaml.safe_load(path.read_text(encoding="utf-8"))
         for path in sorted((project / "configs").glob("*.yaml"))
     }
-    assert set(configs) == {"default.yaml", "smoke.yaml"}
+    assert set(configs) == {"default.yaml", "local_files.yaml", "smoke.yaml"}
     assert all(isinstance(config, dict) for config in configs.values())
     answer_keys = [
         "model_name_or_path",
@@ -320,6 +345,44 @@ def test_configs_parse_and_default_yaml_holds_the_answers(rendered, combo):
     assert {key: default[key] for key in answer_keys} == {
         key: combo.answers[key] for key in answer_keys
     }
+    # local_files.yaml: the same real run, on local files, into its own output_dir.
+    local_files = {**default, "output_dir": "outputs/local_files"}
+    del local_files["dataset_name"]
+    local_files.update(train_file="data/train.csv", validation_file="data/dev.csv")
+    assert configs["local_files.yaml"] == local_files
+
+
+# Text only a README for another answer may hold: (answer, its value) -> strings.
+README_TEXT_ONLY_FOR = {
+    ("include_slurm", True): ["SLURM", "sbatch", "srun"],
+    ("training_loop", "trainer"): [
+        "would train with world size",
+        "`DataParallel`",
+        "trains each rank alone",
+        "num_items_in_batch",
+        "--gradient_checkpointing",
+    ],
+    ("training_loop", "native"): [
+        "`batching.py`",
+        "`checkpoint.py`",
+        "the `GradScaler` skipped",
+        "any other is refused by the parser",
+    ],
+}
+
+
+@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS))
+def test_readme_and_folders_hold_nothing_for_an_answer_not_chosen(rendered, combo):
+    readme = (rendered(combo) / "README.md").read_text(encoding="utf-8")
+    for (variable, value), strings in README_TEXT_ONLY_FOR.items():
+        chosen = getattr(combo, variable) == value
+        found = [text for text in strings if text in readme]
+        assert found == (strings if chosen else []), (variable, value)
+    # logs/, where the sbatch script writes, and its .gitignore lines only with SLURM.
+    project = rendered(combo)
+    assert (project / "logs").is_dir() == combo.include_slurm
+    gitignore = (project / ".gitignore").read_text(encoding="utf-8")
+    assert ("logs/" in gitignore) == combo.include_slurm
 
 
 @pytest.mark.parametrize("combo", combination_params(SUPPORTED))

@@ -142,7 +142,7 @@ def args(**flags) -> TrainingArguments:
 def train_batches(count: int, world_size: int, rank: int = 0, **flags):
     """(sampler, loader, plan) for one rank, as the native loop builds them."""
     return batching.build_train_batches(train_set(count), args(**flags), collator=None, rank=rank,
-                                        world_size=world_size, on_gpu=False)
+                                        world_size=world_size, on_gpu=False, resumed_plan=None)
 
 
 @pytest.mark.parametrize("strategy", ["group_by_length", "random", "sequential"])
@@ -166,3 +166,24 @@ def test_plan_refuses_a_batch_larger_than_the_train_set() -> None:
     with pytest.raises(ConfigError, match=r"the train set has 7 examples, fewer than one batch across all processes "
                                           r"\(--per_device_train_batch_size 4 x WORLD_SIZE 2\)"):
         train_batches(7, 2)
+
+
+@pytest.mark.parametrize("strategy", ["group_by_length", "random", "sequential"])
+def test_each_step_holds_the_same_examples_however_the_global_batch_is_split(strategy: str) -> None:
+    """2 processes x batch 4 and 1 process x batch 4 x 2 accumulation: the same 8 examples per step."""
+    two_ranks = [list(train_batches(64, 2, rank, train_sampling_strategy=strategy)[0]) for rank in (0, 1)]
+    one_rank = list(train_batches(64, 1, 0, train_sampling_strategy=strategy, gradient_accumulation_steps=2)[0])
+    steps = 64 // (2 * BATCH)
+    assert [sorted(two_ranks[0][s * BATCH:(s + 1) * BATCH] + two_ranks[1][s * BATCH:(s + 1) * BATCH])
+            for s in range(steps)] == [sorted(one_rank[s * 2 * BATCH:(s + 1) * 2 * BATCH]) for s in range(steps)]
+
+
+def test_a_checkpoint_of_two_processes_resumes_on_one_with_twice_the_accumulation() -> None:
+    saved = {"global_batch_size": 16, "world_size": 2, "per_device_train_batch_size": 8,
+             "gradient_accumulation_steps": 1, "train_size": 256, "steps_per_epoch": 16}
+    assert batching.resumed_accumulation_steps(saved, args(per_device_train_batch_size=8), world_size=1) == 2
+    assert batching.resumed_accumulation_steps(saved, args(per_device_train_batch_size=2), world_size=4) == 2
+    refusal = (r"^the checkpoint's global batch of 16 \(2 processes x 8 x 1 accumulation steps\) cannot be made "
+               r"from --per_device_train_batch_size 3 on 1 processes")
+    with pytest.raises(ConfigError, match=refusal):
+        batching.resumed_accumulation_steps(saved, args(per_device_train_batch_size=3), world_size=1)

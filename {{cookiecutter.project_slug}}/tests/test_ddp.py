@@ -19,6 +19,7 @@ import pytest
 import torch
 from conftest import (
     EVAL_SIZE,
+    IS_NATIVE,
     PACKAGE,
     REPO_ROOT,
     SMOKE,
@@ -111,7 +112,7 @@ def test_eval_counts_every_example_exactly_once(first_run: dict, smoke_assets: P
     with torch.no_grad():
         logits = model(**tokenizer([row["text"] for row in rows], padding=True, return_tensors="pt")).logits
     labels = [model.config.label2id[row["label"]] for row in rows]
-    expected = classification_metrics(logits.argmax(-1).numpy(), torch.tensor(labels).numpy(), num_labels=2)
+    expected = classification_metrics(logits.argmax(-1).numpy(), torch.tensor(labels).numpy(), ["negative", "positive"])
     assert metrics["eval_accuracy"] == pytest.approx(expected["accuracy"], abs=1.01 / EVAL_SIZE)
 
 
@@ -120,6 +121,19 @@ def test_metrics_json_holds_final_eval_and_throughput(first_run: dict) -> None:
     for key in ("eval_accuracy", "eval_f1_macro", "eval_loss", "train_samples_per_second", "train_runtime"):
         assert isinstance(metrics[key], float), key
     assert metrics["train_samples_per_second"] > 0
+
+
+def test_metrics_json_holds_per_class_results_and_the_confusion_matrix(first_run: dict) -> None:
+    metrics = json.loads((first_run["output_dir"] / "metrics.json").read_text())
+    assert set(metrics["eval_per_class"]) == {"negative", "positive"}
+    assert sum(row["support"] for row in metrics["eval_per_class"].values()) == EVAL_SIZE
+    confusion = metrics["eval_confusion_matrix"]
+    assert sum(map(sum, confusion)) == EVAL_SIZE
+    assert (confusion[0][0] + confusion[1][1]) / EVAL_SIZE == pytest.approx(metrics["eval_accuracy"])
+
+
+def test_training_curves_are_drawn_at_the_end(first_run: dict) -> None:
+    assert (first_run["output_dir"] / "training_curves.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_label_names_are_saved_in_the_model_config(first_run: dict) -> None:
@@ -244,14 +258,16 @@ AGREE_SCRIPT = textwrap.dedent(
 
     import torch.distributed as dist
     from {package}.config import ConfigError
-    from {package}.distributed import agree_on_resume_checkpoint
+    from {package}.distributed import agree_on_precision, agree_on_resume_checkpoint
 
-    checkpoint, out_dir = sys.argv[1], Path(sys.argv[2])
+    what, out_dir = sys.argv[1], Path(sys.argv[2])
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
-    # Rank 1 stands for a node that cannot see the checkpoint (output_dir not on a shared filesystem).
-    problem = (lambda path: None) if dist.get_rank() == 0 else (lambda path: "does not exist")
+    rank = dist.get_rank()
     try:
-        agree_on_resume_checkpoint(checkpoint, lambda: None, problem)
+        if what == "precision":  # rank 1 stands for a GPU without native bf16, next to one with it
+            agree_on_precision("bf16" if rank == 0 else "fp16")
+        else:  # rank 1 stands for a node that cannot see the checkpoint (output_dir not shared)
+            agree_on_resume_checkpoint(what, lambda: None, lambda path: None if rank == 0 else "does not exist")
         outcome = "went on"
     except ConfigError as err:
         outcome = "error: " + str(err)
@@ -261,13 +277,38 @@ AGREE_SCRIPT = textwrap.dedent(
 )
 
 
-def test_a_checkpoint_one_rank_cannot_read_fails_every_rank_at_once(tmp_path: Path) -> None:
-    """Not only the rank that cannot read it: the others would wait in their next collective until timeout."""
+def agree(tmp_path: Path, what: str) -> list[str]:
+    """Each rank's outcome of the agreement script; fast, though the group's timeout is 600 s."""
     script = tmp_path / "agree.py"
     script.write_text(AGREE_SCRIPT.replace("{package}", PACKAGE))
     started = time.monotonic()
-    torchrun([str(script), str(tmp_path / "checkpoint-4"), str(tmp_path)], timeout=120)
-    assert time.monotonic() - started < 60  # the group's timeout is 600 s
+    torchrun([str(script), what, str(tmp_path)], timeout=120)
+    assert time.monotonic() - started < 60
+    return [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)]
+
+
+def test_a_checkpoint_one_rank_cannot_read_fails_every_rank_at_once(tmp_path: Path) -> None:
+    """Not only the rank that cannot read it: the others would wait in their next collective until timeout."""
     expected = (f"error: checkpoint '{tmp_path / 'checkpoint-4'}' is on rank 0 but rank(s) 1 cannot read it "
                 "(does not exist): with several nodes, --output_dir must be on a filesystem every node shares")
-    assert [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)] == [expected, expected]
+    assert agree(tmp_path, str(tmp_path / "checkpoint-4")) == [expected, expected]
+
+
+def test_ranks_that_chose_different_precisions_refuse_together(tmp_path: Path) -> None:
+    expected = ("error: the ranks chose different precisions (rank 0: bf16, rank 1: fp16), as on a cluster mixing "
+                "GPU types; pass --mixed_precision fp16 (or no) so that every rank trains alike")
+    assert agree(tmp_path, "precision") == [expected, expected]
+
+
+@pytest.mark.skipif(IS_NATIVE, reason="the native loop resumes on another world size (test_native_loop.py)")
+def test_the_trainer_refuses_to_resume_a_checkpoint_of_another_world_size(first_run: dict, smoke_assets: Path,
+                                                                          tmp_path: Path) -> None:
+    """Upstream it would count the batches to skip in its own, smaller global batches: other examples."""
+    checkpoint = first_run["kept_checkpoint"]
+    result = run_single_process([*smoke_flags(smoke_assets, tmp_path), "--resume_from_checkpoint", str(checkpoint)])
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: checkpoint '{checkpoint}' was written with 2 processes x --per_device_train_batch_size 16 x "
+        "--gradient_accumulation_steps 1, this run has 1 processes x --per_device_train_batch_size 16 x "
+        "--gradient_accumulation_steps 1: the Trainer resumes only the same split (the native loop can resume on "
+        "another world size). Run with the checkpoint's settings, or use a new --output_dir")

@@ -126,14 +126,16 @@ def test_atomic_save_leaves_no_temporary_folder(uninterrupted: Path, resumed: Pa
 def test_checkpoint_holds_model_tokenizer_and_every_ranks_training_state(uninterrupted: Path) -> None:
     checkpoint = uninterrupted / f"checkpoint-{INTERRUPTED_AT}"
     assert {path.name for path in checkpoint.iterdir()} == {
-        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", TRAINING_STATE
-    }
+        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "batch_plan.json",
+        TRAINING_STATE}
     state = torch.load(checkpoint / TRAINING_STATE, map_location="cpu", weights_only=True)
     assert (state["global_step"], state["epoch"], state["step_in_epoch"]) == (
         INTERRUPTED_AT, INTERRUPTED_AT // STEPS_PER_EPOCH, INTERRUPTED_AT % STEPS_PER_EPOCH
     )
-    assert state["batch_plan"] == {"per_device_train_batch_size": 16, "gradient_accumulation_steps": 1,
-                                   "world_size": 2, "train_size": TRAIN_SIZE, "batches_per_epoch": STEPS_PER_EPOCH}
+    assert state["batch_plan"] == {"global_batch_size": 32, "per_device_train_batch_size": 16, "world_size": 2,
+                                   "gradient_accumulation_steps": 1, "train_size": TRAIN_SIZE,
+                                   "steps_per_epoch": STEPS_PER_EPOCH}
+    assert json.loads((checkpoint / "batch_plan.json").read_text()) == state["batch_plan"]
     assert state["labels"] == ["negative", "positive"]
     assert {"optimizer", "scheduler", "scaler"} <= state.keys()
     rank0, rank1 = state["rng_states"]
@@ -157,7 +159,7 @@ def test_distributed_eval_equals_a_single_process_eval(uninterrupted: Path, smok
     labels = torch.tensor([model.config.label2id[row["label"]] for row in rows])
     with torch.no_grad():
         output = model(**tokenizer([row["text"] for row in rows], padding=True, return_tensors="pt"), labels=labels)
-    expected = classification_metrics(output.logits.argmax(-1).numpy(), labels.numpy(), num_labels=2)
+    expected = classification_metrics(output.logits.argmax(-1).numpy(), labels.numpy(), ["negative", "positive"])
     assert metrics["eval_num_examples"] == EVAL_SIZE
     assert metrics["eval_accuracy"] == expected["accuracy"]
     assert metrics["eval_f1_macro"] == pytest.approx(expected["f1_macro"], abs=1e-12)
@@ -244,35 +246,90 @@ def test_refuses_a_checkpoint_of_a_different_label_set(uninterrupted: Path, smok
     assert "labels ['negative', 'neutral', 'positive']" in result.stderr
 
 
-def test_refuses_to_resume_under_a_different_batch_plan(uninterrupted: Path, smoke_assets: Path,
-                                                       tmp_path: Path) -> None:
-    """A checkpoint's place in its epoch counts its own batches: step 4 of 8 (2 ranks x 16) is the end
-    of a 1 x 64 epoch, so the resumed run would take all its remaining steps on no data at all."""
+def test_refuses_to_resume_under_another_global_batch(uninterrupted: Path, smoke_assets: Path, tmp_path: Path) -> None:
+    """A checkpoint's place in its epoch counts its own steps: step 4 of 8 (2 ranks x 16) is half of a
+    2 x 8 epoch's, so the resumed run would train on other examples than the ones it skipped."""
     output_dir = tmp_path / "out"
     checkpoint = output_dir / f"checkpoint-{INTERRUPTED_AT}"
     shutil.copytree(uninterrupted / checkpoint.name, checkpoint)
-    result = run_single_process([*smoke_flags(smoke_assets, output_dir), "--per_device_train_batch_size", "64",
-                                 "--max_steps", str(TOTAL_STEPS + 16)])
-    assert result.returncode == 2, result.stdout[-3000:]
-    plan = "--per_device_train_batch_size {}, --gradient_accumulation_steps 1, {} and {} train examples"
-    saved, this = plan.format(16, "2 processes", TRAIN_SIZE), plan.format(64, "1 process", TRAIN_SIZE)
+    result = torchrun(["-m", f"{PACKAGE}.train", *smoke_flags(smoke_assets, output_dir),
+                       "--per_device_train_batch_size", "8", "--max_steps", str(TOTAL_STEPS)], check=False)
+    assert result.returncode != 0, result.stdout[-3000:]
+    saved = "a global batch of 32 (2 processes x --per_device_train_batch_size 16 x --gradient_accumulation_steps 1)"
+    this = "a global batch of 16 (2 processes x --per_device_train_batch_size 8 x --gradient_accumulation_steps 1)"
     assert f"checkpoint {str(checkpoint)!r} was written by a run with {saved}" in result.stderr
     assert f"but this run has {this}" in result.stderr
-    assert "use a new --output_dir" in result.stderr
     assert [path.name for path in output_dir.iterdir()] == [checkpoint.name], "it trained anyway"
 
 
-def test_a_loader_that_runs_out_before_the_plan_is_an_internal_error(smoke_assets: Path, tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """The batch plan promises every step its micro-batches; a shorter loader must stop the run, not step on nothing."""
+def test_refuses_another_world_size_that_cannot_make_the_global_batch(uninterrupted: Path, smoke_assets: Path,
+                                                                     tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    shutil.copytree(uninterrupted / f"checkpoint-{INTERRUPTED_AT}", output_dir / f"checkpoint-{INTERRUPTED_AT}")
+    result = run_single_process([*smoke_flags(smoke_assets, output_dir), "--per_device_train_batch_size", "12"])
+    assert result.returncode == 2, result.stdout[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: the checkpoint's global batch of 32 (2 processes x 16 x 1 accumulation steps) cannot be made from "
+        "--per_device_train_batch_size 12 on 1 processes; pick a batch size that, times 1, divides 32")
+
+
+# A job stopped on 2 processes resumes on 1: 2 x batch 8 becomes 1 x batch 8 x 2 accumulation steps.
+RESHAPED_FLAGS = ["--per_device_train_batch_size", "8", "--num_train_epochs", "2", "--save_strategy", "steps",
+                  "--save_steps", "4", "--save_total_limit", "10"]
+RESHAPED_AT = 20  # of 2 x 256 / 16 = 32 steps: a quarter into the second epoch
+RESHAPED_RTOL = 1e-5
+
+
+def test_a_run_stopped_on_two_processes_resumes_on_one_to_the_same_weights(no_dropout_assets: Path,
+                                                                         tmp_path: Path) -> None:
+    uninterrupted, resumed = tmp_path / "two_processes", tmp_path / "resumed_on_one"
+    torchrun(["-m", f"{PACKAGE}.train", *smoke_flags(no_dropout_assets, uninterrupted), *RESHAPED_FLAGS])
+    shutil.copytree(uninterrupted / f"checkpoint-{RESHAPED_AT}", resumed / f"checkpoint-{RESHAPED_AT}")
+    result = run_single_process([*smoke_flags(no_dropout_assets, resumed), *RESHAPED_FLAGS])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resuming a run of 2 processes on 1: 2 accumulation steps keep its global batch of 16" in result.stdout
+    expected, actual = (load_file(folder / "model.safetensors") for folder in (uninterrupted, resumed))
+    worst = max(((expected[name] - actual[name]).abs().max() / expected[name].abs().max()).item() for name in expected)
+    assert worst <= RESHAPED_RTOL, f"largest relative weight difference {worst:.3g}"
+
+
+@pytest.fixture
+def build_job(smoke_assets: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A Job built here, in this process (no torchrun): build_job(*flags) on top of the smoke config."""
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
-    model_args, data_args, args = config.parse_args(train.TrainingArguments, smoke_flags(smoke_assets, tmp_path))
-    job = train.build_job(train.setup_distributed(args), model_args, data_args, args)
+
+    def build(*flags: str):
+        model_args, data_args, args = config.parse_args(train.TrainingArguments,
+                                                        [*smoke_flags(smoke_assets, tmp_path), *flags])
+        return train.build_job(train.setup_distributed(args), model_args, data_args, args)
+    return build
+
+
+def test_a_loader_that_runs_out_before_the_plan_is_an_internal_error(build_job) -> None:
+    """The batch plan promises every step its micro-batches; a shorter loader must stop the run, not step on nothing."""
+    job = build_job()
+    args = job.args
     job.train_loader = batching.build_loader(job.data.train.select(range(32)), args, job.collator,
                                              args.per_device_train_batch_size, on_gpu=False)
     with pytest.raises(RuntimeError, match=r"the train loader ran out before step 3 \(epoch 0\)"):
         train.train(job)
+
+
+def test_a_step_the_grad_scaler_skips_leaves_the_schedule_where_it_was(build_job) -> None:
+    """fp16: a step with inf gradients is skipped by the GradScaler (fused AdamW is still called); the
+    learning-rate schedule must not advance for it, as in the Trainer. The CPU scaler stands in for CUDA's."""
+    job = build_job("--max_steps", "3", "--save_strategy", "no", "--do_eval", "false", "--logging_steps", "1")
+    job.scaler = torch.amp.GradScaler("cpu")
+    weight = job.module.classifier.weight
+    poison = weight.register_hook(lambda grad: (poison.remove(), torch.full_like(grad, float("inf")))[1])
+    train.train(job)
+    assert job.step == 3
+    assert job.scheduler.last_epoch == 2, "the schedule advanced on the skipped step"
+    assert job.scaler.get_scale() == 2.0**16 / 2, "the scaler did not see the inf gradients"
+    # The smoke config warms up over 4 steps: the rate after k scheduler steps is learning_rate * k / 4.
+    rates = [entry["learning_rate"] for entry in job.history]
+    assert rates == pytest.approx([job.args.learning_rate * k / 4 for k in (0, 1, 2)])
 
 
 def test_refuses_a_folder_that_is_not_a_checkpoint_of_this_loop(smoke_assets: Path, tmp_path: Path) -> None:

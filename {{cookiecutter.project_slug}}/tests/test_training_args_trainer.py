@@ -7,6 +7,7 @@ In process, one parse per test: no torchrun, no network.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -84,20 +85,33 @@ def test_contradictory_precision_flags_are_a_config_error() -> None:
         parse("--fp16", "true", "--bf16", "true")
 
 
-# ---- the length-grouped sampler under accelerate ------------------------------------------------
+# ---- the length-grouped order: a function of (seed, epoch) only -----------------------------------
 
 
-def test_group_by_length_turns_off_the_seedable_sampler_and_random_keeps_it() -> None:
-    assert parse().accelerator_config.use_seedable_sampler is False
-    assert parse("--train_sampling_strategy", "random").accelerator_config.use_seedable_sampler is True
+def sampler_at(epoch: float, seed: int = 42) -> list[int]:
+    """The order a fresh EpochSeededLengthGroupedSampler gives when the Trainer stands at `epoch`."""
+    trainer = SimpleNamespace(args=SimpleNamespace(train_batch_size=4, gradient_accumulation_steps=2, seed=seed),
+                              state=SimpleNamespace(epoch=epoch))
+    lengths = [(7 * index) % 50 + 1 for index in range(64)]
+    return list(train.EpochSeededLengthGroupedSampler(trainer, lengths))
 
 
-def test_an_explicit_accelerator_config_is_kept(tmp_path: Path) -> None:
-    path = tmp_path / "run.yaml"
-    path.write_text("model_name_or_path: m\ntrain_file: t.jsonl\naccelerator_config:\n  use_seedable_sampler: true\n")
-    _, _, training_args = config.parse_args(TrainingArguments, [str(path)])
-    assert training_args.train_sampling_strategy == "group_by_length"
-    assert training_args.accelerator_config.use_seedable_sampler is True
+def test_length_grouped_order_is_the_same_on_every_rank_and_new_each_epoch() -> None:
+    assert sampler_at(0.0) == sampler_at(0.0)  # two ranks, or two runs
+    assert sampler_at(1.0) != sampler_at(0.0)
+    assert sampler_at(0.0, seed=7) != sampler_at(0.0)
+    assert sorted(sampler_at(1.0)) == list(range(64))
+
+
+def test_a_run_resumed_mid_epoch_replays_that_epochs_order() -> None:
+    """Upstream the generator carries on from epoch to epoch and no checkpoint saves it."""
+    sampler = train.EpochSeededLengthGroupedSampler(
+        SimpleNamespace(args=SimpleNamespace(train_batch_size=4, gradient_accumulation_steps=2, seed=42),
+                        state=SimpleNamespace(epoch=0.0)), [(7 * index) % 50 + 1 for index in range(64)])
+    list(sampler)  # epoch 0 drawn: a carried-on generator would now be elsewhere
+    sampler.trainer.state.epoch = 1.0
+    uninterrupted = list(sampler)
+    assert sampler_at(1.5) == uninterrupted  # a fresh process resumed half-way through epoch 1
 
 
 # ---- train.py's checks around the Trainer -------------------------------------------------------

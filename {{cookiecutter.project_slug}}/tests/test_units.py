@@ -35,7 +35,8 @@ ConfigError, DataArguments, ModelArguments = names_from("config", "ConfigError",
 build_collator, label_names, load_raw_datasets, tokenize_datasets = names_from(
     "data", "build_collator", "label_names", "load_raw_datasets", "tokenize_datasets"
 )
-resolve_device_settings = package_module("distributed").resolve_device_settings
+distributed = package_module("distributed")
+resolve_device_settings = distributed.resolve_device_settings
 classification_metrics, write_metrics = names_from("metrics", "classification_metrics", "write_metrics")
 load_model, load_tokenizer = names_from("modeling", "load_model", "load_tokenizer")
 smoke = package_module("smoke")
@@ -76,7 +77,7 @@ PRECISION_TABLE = [
     ("auto", True, True, "bf16"),
     ("bf16", False, False, "bf16"),  # bf16 autocast works on CPU
     ("bf16", False, True, "bf16"),
-    ("bf16", True, False, "bf16"),  # asked for explicitly; transformers itself refuses it on such a GPU
+    ("bf16", True, False, None),  # V100, T4: emulated, slowly
     ("bf16", True, True, "bf16"),
     ("fp16", False, False, None),
     ("fp16", False, True, None),
@@ -104,6 +105,70 @@ def test_resolve_device_settings_picks_precision_device_and_backend(
     assert settings.precision == expected
     assert settings.use_cpu is (not cuda)
     assert settings.ddp_backend == (None if world_size == 1 else "nccl" if cuda else "gloo")
+
+
+def test_bf16_on_a_gpu_that_only_emulates_it_is_refused_naming_the_alternatives() -> None:
+    with pytest.raises(ValueError, match=r"^--mixed_precision bf16: this GPU has no native bf16 .* use "
+                                         r"--mixed_precision fp16 or auto$"):
+        resolve_device_settings("auto", bf16=True, cuda_available=True, bf16_supported=False)
+
+
+def test_bf16_support_is_read_only_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation: asked.append(including_emulation))
+    resolve_device_settings("bf16", cuda_available=False)
+    assert asked == []
+    resolve_device_settings("auto", cuda_available=True)
+    assert asked == [False], "emulated bf16 must not count as support"
+
+
+@pytest.fixture
+def gpus(monkeypatch: pytest.MonkeyPatch):
+    """Pretend `count` GPUs are visible; returns the devices pinned with torch.cuda.set_device."""
+    pinned = []
+
+    def fake(count: int) -> list:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "set_device", pinned.append)
+        return pinned
+    return fake
+
+
+def test_several_gpus_in_one_process_without_torchrun_are_refused(gpus) -> None:
+    pinned = gpus(2)
+    with pytest.raises(ConfigError, match=r"^2 GPUs are visible to one process: start one process per GPU with "
+                                          r"scripts/train_single_node.sh \(torchrun\), or set CUDA_VISIBLE_DEVICES=0$"):
+        distributed.select_device(use_cpu=False)
+    assert pinned == []
+
+
+def test_each_torchrun_rank_pins_its_local_gpu(gpus, monkeypatch: pytest.MonkeyPatch) -> None:
+    pinned = gpus(4)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert distributed.select_device(use_cpu=False) == torch.device("cuda", 3)
+    assert pinned == [3]
+
+
+def test_one_gpu_or_use_cpu_needs_no_torchrun(gpus) -> None:
+    pinned = gpus(1)
+    assert distributed.select_device(use_cpu=False) == torch.device("cuda", 0)
+    gpus(8)
+    assert distributed.select_device(use_cpu=True) == torch.device("cpu")
+    assert pinned == [0]
+
+
+def test_rank_zero_prepares_data_before_every_other_rank_even_on_other_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Global, not per node: nodes sharing an HF cache would otherwise write the same files at once."""
+    events = []
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.dist, "barrier", lambda: events.append("barrier"))
+    for rank, local_rank in (("0", "0"), ("2", "0")):  # rank 2 is the first rank of the second node
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+        with distributed.main_process_first():
+            events.append(f"rank {rank} works")
+    assert events == ["rank 0 works", "barrier", "barrier", "rank 2 works"]
 
 
 def test_fp16_on_cpu_is_refused_with_a_message_naming_mixed_precision() -> None:
@@ -230,7 +295,7 @@ def test_invalid_yaml_is_refused(tmp_path: Path) -> None:
         parse_args([config])
 
 
-@pytest.mark.parametrize("config", ["smoke.yaml", "default.yaml"])
+@pytest.mark.parametrize("config", ["smoke.yaml", "default.yaml", "local_files.yaml"])
 def test_shipped_configs_parse_and_every_value_lands(config: str) -> None:
     path = REPO_ROOT / "configs" / config
     # default.yaml holds the generated mixed_precision answer; fp16 is refused on a CPU-only machine.
@@ -264,10 +329,25 @@ def test_nothing_to_do_is_refused() -> None:
     ([*REQUIRED, "--validation_file", "dev.tsv"], "--validation_file 'dev.tsv': unsupported format"),
     ([*REQUIRED, "--max_seq_length", "0"], "--max_seq_length 0: must be >= 1"),
     ([*REQUIRED, "--validation_split_percentage", "100"], "--validation_split_percentage must be between 1 and 99"),
-], ids=["no-data", "train-suffix", "validation-suffix", "max-seq-length-0", "split-100"])
+    ([*REQUIRED, "--dataset_name", "imdb"],
+     r"^--dataset_name imdb and --train_file train.jsonl are both set; pass one \(configs/local_files.yaml has no "),
+    (["--model_name_or_path", "m", "--dataset_name", "imdb", "--validation_file", "dev.csv"],
+     "^--validation_file dev.csv needs --train_file; pass both"),
+], ids=["no-data", "train-suffix", "validation-suffix", "max-seq-length-0", "split-100", "hub-and-file",
+        "validation-without-train"])
 def test_data_arguments_refuse_bad_settings(flags: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_args(flags)
+
+
+def test_default_config_with_a_train_file_is_refused_naming_local_files_yaml() -> None:
+    # default.yaml names the generated dataset_name; a file on top of it must not silently win.
+    default = str(REPO_ROOT / "configs" / "default.yaml")
+    with pytest.raises(ConfigError, match=r"--train_file my\.csv are both set; pass one \(configs/local_files\.yaml"):
+        parse_args([default, "--train_file", "my.csv", "--mixed_precision", "no"])
+    local_files = str(REPO_ROOT / "configs" / "local_files.yaml")
+    _, data_args, _ = parse_args([local_files, "--train_file", "my.csv", "--mixed_precision", "no"])
+    assert (data_args.dataset_name, data_args.train_file, data_args.validation_file) == (None, "my.csv", "data/dev.csv")
 
 
 def test_config_file_value_outside_a_flags_choices_is_refused(tmp_path: Path) -> None:
@@ -465,17 +545,38 @@ def test_collator_pads_to_a_multiple_of_8_only_under_mixed_precision() -> None:
 def test_metrics_match_a_hand_computed_example() -> None:
     labels = np.array([0, 0, 1, 1, 2, 2])
     predictions = np.array([0, 1, 1, 1, 0, 0])  # class 2 never predicted; class 3 absent from both
-    metrics = classification_metrics(predictions, labels, num_labels=4)
+    metrics = classification_metrics(predictions, labels, ["a", "b", "c", "d"])
     # accuracy 3/6. F1 = 2 TP / (predicted + actual): class 0 2/5, class 1 4/5, class 2 0/2;
     # class 3 appears nowhere and does not count, so macro-F1 = (0.4 + 0.8 + 0) / 3.
     assert metrics["accuracy"] == pytest.approx(0.5)
     assert metrics["f1_macro"] == pytest.approx(0.4)
     assert metrics["num_examples"] == 6
+    # Rows are true labels, columns predictions.
+    assert metrics["confusion_matrix"] == [[1, 1, 0, 0], [0, 2, 0, 0], [2, 0, 0, 0], [0, 0, 0, 0]]
+    assert metrics["per_class"]["a"] == {"precision": pytest.approx(1 / 3), "recall": 0.5, "f1": pytest.approx(0.4),
+                                         "support": 2}
+    assert metrics["per_class"]["b"] == {"precision": pytest.approx(2 / 3), "recall": 1.0, "f1": pytest.approx(0.8),
+                                         "support": 2}
+    assert metrics["per_class"]["c"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 2}
+    assert json.loads(json.dumps(metrics)) == metrics  # plain types: metrics.json takes them as they are
 
 
 def test_metrics_flatten_their_inputs_and_handle_no_examples() -> None:
-    assert classification_metrics(np.array([[1], [0]]), np.array([[1], [1]]), 2)["accuracy"] == pytest.approx(0.5)
-    assert classification_metrics(np.array([]), np.array([]), 2) == dict(accuracy=0.0, f1_macro=0.0, num_examples=0)
+    names = ["no", "yes"]
+    assert classification_metrics(np.array([[1], [0]]), np.array([[1], [1]]), names)["accuracy"] == pytest.approx(0.5)
+    empty = classification_metrics(np.array([], dtype=int), np.array([], dtype=int), names)
+    assert (empty["accuracy"], empty["f1_macro"], empty["num_examples"]) == (0.0, 0.0, 0)
+    assert empty["confusion_matrix"] == [[0, 0], [0, 0]]
+
+
+def test_training_curves_plot_loss_learning_rate_and_eval_metrics(tmp_path: Path) -> None:
+    history = [{"step": 1, "loss": 0.7, "learning_rate": 1e-3, "grad_norm": 1.0},
+               {"step": 2, "loss": 0.5, "learning_rate": 5e-4},
+               {"step": 2, "eval_accuracy": 0.8, "eval_loss": 0.4, "eval_runtime": 1.0, "eval_per_class": {}}]
+    path = tmp_path / "training_curves.png"
+    series = package_module("metrics").plot_training_curves(history, path)
+    assert series == ["eval_accuracy", "eval_loss", "learning_rate", "loss"]
+    assert path.read_bytes().startswith(b"\x89PNG")
 
 
 def test_write_metrics_writes_sorted_json(tmp_path: Path) -> None:

@@ -26,9 +26,12 @@ class DistributedLengthGroupedSampler(Sampler[int]):
     """Disjoint per-rank shards whose batches hold examples of similar length, for less padding.
 
     Each epoch (seed + epoch, the same on every rank): shuffle, cut into megabatches, sort each
-    megabatch by length, and deal every global batch (batch_size x num_replicas consecutive
-    examples) out so that rank r takes slice r. The ranks then run batches of about the same
-    length at the same step, so none waits long for the others at the gradient all-reduce. As in
+    megabatch by length, and cut it into optimizer steps (batch_size x num_replicas x
+    accumulation_steps consecutive examples). Each step's micro-batches are dealt out in turn:
+    rank r takes slice r of every batch_size x num_replicas examples. The ranks then run batches
+    of about the same length at the same step, so none waits long for the others at the gradient
+    all-reduce; and which examples make each optimizer step depends only on the global batch, not
+    on how it is split, so a run can resume on another number of processes. As in
     DistributedSampler, the order is padded with its first examples to a multiple of num_replicas
     (or cut, with drop_last), so every rank runs the same number of batches.
     """
@@ -41,6 +44,7 @@ class DistributedLengthGroupedSampler(Sampler[int]):
         rank: int = 0,
         seed: int = 0,
         drop_last: bool = False,
+        accumulation_steps: int = 1,
     ) -> None:
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is outside [0, {num_replicas})")
@@ -50,6 +54,7 @@ class DistributedLengthGroupedSampler(Sampler[int]):
         self.rank = rank
         self.seed = seed
         self.drop_last = drop_last
+        self.accumulation_steps = accumulation_steps
         self.epoch = 0
         count = len(self.lengths)
         self.total_size = count - count % num_replicas if drop_last else -(-count // num_replicas) * num_replicas
@@ -68,22 +73,25 @@ class DistributedLengthGroupedSampler(Sampler[int]):
             order += order[: self.total_size - len(order)]
         order = order[: self.total_size]
 
-        global_batch = self.batch_size * self.num_replicas
-        # Up to 50 global batches per megabatch, and at least 4 megabatches: sorted but still shuffled.
-        megabatch = global_batch * max(1, min(50, len(order) // (global_batch * 4)))
-        batches = []
+        global_batch = self.batch_size * self.num_replicas  # one micro-step of all ranks
+        step = global_batch * self.accumulation_steps
+        # Up to 50 steps per megabatch, and at least 4 megabatches: sorted but still shuffled.
+        megabatch = step * max(1, min(50, len(order) // (step * 4)))
+        steps = []
         for start in range(0, len(order), megabatch):
             group = sorted(order[start : start + megabatch], key=self.lengths.__getitem__, reverse=True)
-            batches += [group[i : i + global_batch] for i in range(0, len(group), global_batch)]
-        # Longest full batch first, so an out-of-memory error shows at step 1, not hours in. (A short
-        # last batch stays last: moved up, it would shift every rank's later batch boundaries.)
-        full = [b for b in range(len(batches)) if len(batches[b]) == global_batch]
+            steps += [group[i : i + step] for i in range(0, len(group), step)]
+        # Longest full step first, so an out-of-memory error shows at step 1, not hours in. (A short
+        # last step stays last: moved up, it would shift every rank's later batch boundaries.)
+        full = [s for s in range(len(steps)) if len(steps[s]) == step]
         if full:
-            longest = max(full, key=lambda b: self.lengths[batches[b][0]])
-            batches[0], batches[longest] = batches[longest], batches[0]
-        for batch in batches:
-            share = len(batch) // self.num_replicas
-            yield from batch[self.rank * share : (self.rank + 1) * share]
+            longest = max(full, key=lambda s: self.lengths[steps[s][0]])
+            steps[0], steps[longest] = steps[longest], steps[0]
+        for examples in steps:
+            for start in range(0, len(examples), global_batch):
+                batch = examples[start : start + global_batch]
+                share = len(batch) // self.num_replicas
+                yield from batch[self.rank * share : (self.rank + 1) * share]
 
 
 class ResumableSampler(Sampler[int]):
@@ -104,12 +112,17 @@ class ResumableSampler(Sampler[int]):
         return len(self.sampler) - self.start
 
 
-def build_train_sampler(train_set: Dataset, args: TrainingArguments, rank: int, world_size: int) -> ResumableSampler:
-    """Each rank its own disjoint shard, reshuffled every epoch by set_epoch (seed + epoch)."""
+def build_train_sampler(train_set: Dataset, args: TrainingArguments, rank: int, world_size: int,
+                        accumulation_steps: int) -> ResumableSampler:
+    """Each rank its own disjoint shard, reshuffled every epoch by set_epoch (seed + epoch).
+
+    In both samplers the examples of optimizer step s are positions [s x G, (s + 1) x G) of one
+    global order, G being the global batch: the same examples however many ranks share them.
+    """
     if args.train_sampling_strategy == "group_by_length":
         sampler = DistributedLengthGroupedSampler(
             train_set["length"], args.per_device_train_batch_size, num_replicas=world_size, rank=rank,
-            seed=args.seed, drop_last=args.dataloader_drop_last,
+            seed=args.seed, drop_last=args.dataloader_drop_last, accumulation_steps=accumulation_steps,
         )
     else:
         sampler = DistributedSampler(
@@ -153,19 +166,41 @@ class BatchPlan:
     def global_batch_size(self) -> int:
         return self.per_device_batch_size * self.accumulation_steps * self.world_size
 
-    def position_basis(self) -> dict[str, int]:
-        """What a checkpoint's place in its epoch is counted in; a resumed run must share all of it."""
-        return {
-            "per_device_train_batch_size": self.per_device_batch_size,
-            "gradient_accumulation_steps": self.accumulation_steps,
-            "world_size": self.world_size,
-            "train_size": self.train_size,
-            "batches_per_epoch": self.micro_batches_per_epoch,
-        }
+    def as_dict(self) -> dict[str, int]:
+        """Saved in checkpoints. A resumed run must have the same global batch, train size and steps
+        per epoch; how the global batch is split (processes x batch x accumulation) may differ."""
+        return {"global_batch_size": self.global_batch_size, "train_size": self.train_size,
+                "steps_per_epoch": self.steps_per_epoch, "world_size": self.world_size,
+                "per_device_train_batch_size": self.per_device_batch_size,
+                "gradient_accumulation_steps": self.accumulation_steps}
 
 
-def plan_batches(train_size: int, train_loader: DataLoader, args: TrainingArguments, world_size: int) -> BatchPlan:
-    per_device, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
+def resumed_accumulation_steps(saved: dict[str, int] | None, args: TrainingArguments, world_size: int) -> int:
+    """Gradient accumulation that keeps a checkpoint's global batch on this run's processes.
+
+    A job stopped on 8 GPUs often comes back on 4: accumulating twice as many micro-batches keeps
+    every optimizer step the same. Where the numbers do not divide, the run is refused.
+    """
+    per_device = args.per_device_train_batch_size
+    if saved is None or saved["world_size"] == world_size:
+        return args.gradient_accumulation_steps
+    global_batch = saved["global_batch_size"]
+    if global_batch % (per_device * world_size):
+        raise ConfigError(
+            f"the checkpoint's global batch of {global_batch} ({saved['world_size']} processes x "
+            f"{saved['per_device_train_batch_size']} x {saved['gradient_accumulation_steps']} accumulation steps) "
+            f"cannot be made from --per_device_train_batch_size {per_device} on {world_size} processes; pick a "
+            f"batch size that, times {world_size}, divides {global_batch}"
+        )
+    accumulation = global_batch // (per_device * world_size)
+    logger.info("resuming a run of %d processes on %d: %d accumulation steps keep its global batch of %d",
+                saved["world_size"], world_size, accumulation, global_batch)
+    return accumulation
+
+
+def plan_batches(train_size: int, train_loader: DataLoader, args: TrainingArguments, world_size: int,
+                 accumulation: int) -> BatchPlan:
+    per_device = args.per_device_train_batch_size
     if train_size < per_device * world_size:
         raise ConfigError(
             f"the train set has {train_size} examples, fewer than one batch across all processes "
@@ -179,12 +214,15 @@ def plan_batches(train_size: int, train_loader: DataLoader, args: TrainingArgume
     return BatchPlan(per_device, accumulation, world_size, train_size, micro_batches, steps_per_epoch, total_steps)
 
 
-def build_train_batches(train_set: Dataset, args: TrainingArguments, collator, rank: int, world_size: int,
-                        on_gpu: bool) -> tuple[ResumableSampler, DataLoader, BatchPlan]:
-    """This rank's train sampler and loader, and the batch plan they make."""
-    sampler = build_train_sampler(train_set, args, rank, world_size)
+def build_train_batches(
+    train_set: Dataset, args: TrainingArguments, collator, rank: int, world_size: int, on_gpu: bool,
+    resumed_plan: dict[str, int] | None,
+) -> tuple[ResumableSampler, DataLoader, BatchPlan]:
+    """This rank's train sampler and loader, and the batch plan they make (resumed_plan: a checkpoint's)."""
+    accumulation = resumed_accumulation_steps(resumed_plan, args, world_size)
+    sampler = build_train_sampler(train_set, args, rank, world_size, accumulation)
     loader = build_loader(train_set, args, collator, args.per_device_train_batch_size, on_gpu, sampler)
-    plan = plan_batches(len(train_set), loader, args, world_size)
+    plan = plan_batches(len(train_set), loader, args, world_size, accumulation)
     logger.info("%d steps of %d examples (%d per device x %d accumulation x %d processes), %d steps per epoch",
                 plan.total_steps, plan.global_batch_size, plan.per_device_batch_size, plan.accumulation_steps,
                 plan.world_size, plan.steps_per_epoch)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .train import Job
 
 TRAINING_STATE = "training_state.pt"  # written last: a checkpoint folder holding it is complete
+BATCH_PLAN = "batch_plan.json"  # also in the training state; here readable without loading the optimizer
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -54,6 +55,8 @@ def checkpoint_problem(path: Path) -> str | None:
     if not (path / TRAINING_STATE).is_file():
         return (f"holds no {TRAINING_STATE}: pass a checkpoint-N folder written by this loop, or leave the flag "
                 "out to resume from the newest one in --output_dir")
+    if not (path / BATCH_PLAN).is_file():
+        return f"holds no {BATCH_PLAN}: an older version of this loop wrote it; resume it with that version"
     return None
 
 
@@ -79,7 +82,7 @@ def save_checkpoint(job: Job) -> None:
             "global_step": job.step,
             "epoch": job.epoch,
             "step_in_epoch": job.step_in_epoch,
-            "batch_plan": job.plan.position_basis(),
+            "batch_plan": job.plan.as_dict(),
             "optimizer": job.optimizer.state_dict(),
             "scheduler": job.scheduler.state_dict(),
             "scaler": job.scaler.state_dict() if job.scaler is not None else None,
@@ -88,6 +91,7 @@ def save_checkpoint(job: Job) -> None:
             "model_type": job.module.config.model_type,
             "log_history": job.history,
         }
+        (temporary / BATCH_PLAN).write_text(json.dumps(state["batch_plan"]) + "\n")
         torch.save(state, temporary / TRAINING_STATE)
         final.parent.mkdir(parents=True, exist_ok=True)
         temporary.replace(final)
@@ -102,12 +106,19 @@ def rotate_checkpoints(output_dir: Path, limit: int | None) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def saved_batch_plan(checkpoint: Path | None) -> dict[str, int] | None:
+    """How the checkpoint's run batched its data (see BatchPlan.as_dict), or None without a checkpoint."""
+    if checkpoint is None:
+        return None
+    return json.loads((checkpoint / BATCH_PLAN).read_text())
+
+
 def load_checkpoint(job: Job, checkpoint: Path) -> None:
     """Restore weights, optimizer, schedule, scaler, position in the data and this rank's RNG."""
     state = torch.load(checkpoint / TRAINING_STATE, map_location="cpu", weights_only=True)
     weights = load_model_weights(checkpoint)
     check_same_model(checkpoint, state, weights, job)
-    check_same_batch_plan(checkpoint, state["batch_plan"], job.plan.position_basis())
+    check_same_batch_plan(checkpoint, state["batch_plan"], job.plan.as_dict())
     # strict=False: save_pretrained leaves out tied copies; check_same_model refused strangers.
     job.module.load_state_dict(weights, strict=False)
     job.optimizer.load_state_dict(state["optimizer"])  # moves the moments onto the parameters' device
@@ -116,7 +127,8 @@ def load_checkpoint(job: Job, checkpoint: Path) -> None:
         job.scaler.load_state_dict(state["scaler"])
     job.step, job.epoch, job.step_in_epoch = state["global_step"], state["epoch"], state["step_in_epoch"]
     job.history = state["log_history"]
-    set_rng_state(state["rng_states"][job.env.rank])  # one per rank: the batch plan, world size included, matched
+    if len(state["rng_states"]) == job.env.world_size:  # one per rank; on another world size, fresh streams
+        set_rng_state(state["rng_states"][job.env.rank])
 
 
 def load_model_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -142,20 +154,22 @@ def check_same_model(checkpoint: Path, state: dict, weights: dict, job: Job) -> 
         )
 
 
-def describe_batch_plan(basis: dict[str, int]) -> str:
-    processes = "1 process" if basis["world_size"] == 1 else f"{basis['world_size']} processes"
-    return (f"--per_device_train_batch_size {basis['per_device_train_batch_size']}, --gradient_accumulation_steps "
-            f"{basis['gradient_accumulation_steps']}, {processes} and {basis['train_size']} train examples "
-            f"({basis['batches_per_epoch']} batches per process per epoch)")
+def describe_batch_plan(plan: dict[str, int]) -> str:
+    processes = "1 process" if plan["world_size"] == 1 else f"{plan['world_size']} processes"
+    return (f"a global batch of {plan['global_batch_size']} ({processes} x --per_device_train_batch_size "
+            f"{plan['per_device_train_batch_size']} x --gradient_accumulation_steps "
+            f"{plan['gradient_accumulation_steps']}), {plan['train_size']} train examples and "
+            f"{plan['steps_per_epoch']} steps per epoch")
 
 
 def check_same_batch_plan(checkpoint: Path, saved: dict[str, int], current: dict[str, int]) -> None:
     """Refuse to resume under another batch plan: the checkpoint's step in its epoch would point elsewhere.
 
-    Under a plan with fewer batches per epoch it points past the end, and the run would go on to
-    take its remaining steps on no data at all.
+    Under a plan with fewer steps per epoch it points past the end, and the run would go on to take
+    its remaining steps on no data at all. Only the split of the global batch may differ.
     """
-    if saved != current:
+    same = ("global_batch_size", "train_size", "steps_per_epoch")
+    if [saved[key] for key in same] != [current[key] for key in same]:
         raise ConfigError(
             f"checkpoint {str(checkpoint)!r} was written by a run with {describe_batch_plan(saved)}, but this run "
             f"has {describe_batch_plan(current)}. Its place in the epoch only means something under its own batch "

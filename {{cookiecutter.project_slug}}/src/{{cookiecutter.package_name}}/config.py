@@ -64,6 +64,13 @@ class DataArguments:
     def __post_init__(self) -> None:
         if self.dataset_name is None and self.train_file is None:
             raise ConfigError("--dataset_name or --train_file is required; pass a Hub dataset id or a local file")
+        if self.dataset_name is not None and self.train_file is not None:
+            raise ConfigError(
+                f"--dataset_name {self.dataset_name} and --train_file {self.train_file} are both set; pass one "
+                "(configs/local_files.yaml has no dataset_name)"
+            )
+        if self.validation_file is not None and self.train_file is None:
+            raise ConfigError(f"--validation_file {self.validation_file} needs --train_file; pass both")
         for name in ("train_file", "validation_file"):
             path = getattr(self, name)
             if path is not None and not path.endswith((".csv", ".json", ".jsonl", ".parquet")):

@@ -29,7 +29,7 @@ class ClassificationData:
 def load_data(
     data_args: DataArguments, tokenizer: PreTrainedTokenizerBase, cache_dir: str | None, seed: int
 ) -> ClassificationData:
-    """Load, map labels and tokenise. Each node's rank 0 goes first; the others then read its cache."""
+    """Load, map labels and tokenise. Rank 0 goes first; the others then read its cache."""
     source = data_args.train_file or data_args.dataset_name
     with main_process_first():
         raw = load_raw_datasets(data_args, cache_dir, seed=seed)

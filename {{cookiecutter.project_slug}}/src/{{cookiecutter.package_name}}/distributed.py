@@ -6,9 +6,11 @@ import contextlib
 import gc
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import datasets
@@ -54,14 +56,17 @@ def resolve_device_settings(
     on_gpu = cuda_available and not use_cpu
 
     precision = explicit or mixed_precision
-    if precision == "auto":
-        if not on_gpu:
-            precision = "no"
-        else:
-            if bf16_supported is None:
-                # Without emulation: V100 and T4 "support" bf16 only by emulating it, slowly.
-                bf16_supported = torch.cuda.is_bf16_supported(including_emulation=False)
-            precision = "bf16" if bf16_supported else "fp16"
+    if on_gpu and precision in ("auto", "bf16"):
+        if bf16_supported is None:
+            # Of the current GPU: call this after pinning the rank's GPU (select_device).
+            # Without emulation: V100 and T4 "support" bf16 only by emulating it, slowly.
+            bf16_supported = torch.cuda.is_bf16_supported(including_emulation=False)
+        if precision == "bf16" and not bf16_supported:
+            raise ValueError("--mixed_precision bf16: this GPU has no native bf16 (V100 and T4 only emulate it, "
+                             "slowly); use --mixed_precision fp16 or auto")
+        precision = "bf16" if bf16_supported else "fp16"
+    if precision == "auto":  # on CPU
+        precision = "no"
     if precision == "fp16" and not on_gpu:
         raise ValueError(
             "--mixed_precision fp16 needs a CUDA GPU: on CPU it would silently run in fp32; "
@@ -70,6 +75,49 @@ def resolve_device_settings(
     if ddp_backend is None and env_world_size() > 1:
         ddp_backend = "nccl" if on_gpu else "gloo"
     return DeviceSettings(use_cpu=not on_gpu, ddp_backend=ddp_backend, precision=precision)
+
+
+def select_device(use_cpu: bool) -> torch.device:
+    """This rank's device, pinned as the current CUDA device before anything else touches CUDA.
+
+    NCCL binds to the current GPU, and bf16 support is read from it: unpinned, every rank would use
+    GPU 0. One process without torchrun and several visible GPUs is refused: the Trainer would wrap
+    the model in DataParallel (a batch per GPU, no DDP) and the native loop would use GPU 0 alone.
+    """
+    if use_cpu or not torch.cuda.is_available():
+        return torch.device("cpu")
+    if "LOCAL_RANK" not in os.environ and torch.cuda.device_count() > 1:
+        raise ConfigError(f"{torch.cuda.device_count()} GPUs are visible to one process: start one process per GPU "
+                          "with scripts/train_single_node.sh (torchrun), or set CUDA_VISIBLE_DEVICES=0")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def start_process_group(backend: str | None, timeout_seconds: int, device: torch.device) -> None:
+    """Join torchrun's process group, with --ddp_timeout and this rank's GPU bound to it (device_id).
+
+    Bound at start, NCCL sets up its communicator at once on the right GPU, instead of guessing
+    lazily at the first collective (and warning at every barrier).
+    """
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_seconds),
+                            device_id=device if device.type == "cuda" else None)
+
+
+def agree_on_precision(precision: str) -> None:
+    """Refuse ranks that chose different precisions (a cluster mixing GPU types).
+
+    Their gradients would be averaged at different scales (fp16 with a GradScaler, bf16 without) and
+    the weights would drift apart; the gradient check cannot see it, as it runs after the all-reduce.
+    """
+    if not is_distributed():
+        return
+    chosen = [None] * dist.get_world_size()
+    dist.all_gather_object(chosen, precision)
+    if len(set(chosen)) > 1:
+        ranks = ", ".join(f"rank {rank}: {value}" for rank, value in enumerate(chosen))
+        raise ConfigError(f"the ranks chose different precisions ({ranks}), as on a cluster mixing GPU types; "
+                          "pass --mixed_precision fp16 (or no) so that every rank trains alike")
 
 
 def env_world_size() -> int:
@@ -83,7 +131,8 @@ def is_distributed() -> bool:
 
 
 def setup_logging(is_main_process: bool) -> None:
-    """Log progress from rank 0; the other ranks report warnings and errors only."""
+    """Log progress from rank 0; the other ranks report warnings and errors only. No progress bars of
+    the libraries but the data set's tokenising, on a terminal."""
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
@@ -91,15 +140,20 @@ def setup_logging(is_main_process: bool) -> None:
     )
     logging.getLogger(__package__).setLevel(logging.INFO if is_main_process else logging.WARNING)
     transformers.utils.logging.set_verbosity(logging.WARNING if is_main_process else logging.ERROR)
+    transformers.utils.logging.disable_progress_bar()  # a bar per weight load and checkpoint save, on every rank
     datasets.utils.logging.set_verbosity(logging.WARNING if is_main_process else logging.ERROR)
-    if not is_main_process:
+    if not (is_main_process and sys.stderr.isatty()):  # bar fragments would fill log files
         datasets.disable_progress_bars()
 
 
 @contextlib.contextmanager
 def main_process_first() -> Iterator[None]:
-    """Let each node's rank 0 run the block first; the node's other ranks then read its cache."""
-    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    """Let rank 0 run the block first; the other ranks then read its cache.
+
+    Global, not per node: on a cache that nodes share, each node's first rank writing the same Arrow
+    files at once would race. With per-node caches the other nodes simply build theirs after.
+    """
+    rank = int(os.environ.get("RANK", "0"))
     synchronised = dist.is_available() and dist.is_initialized()
     if synchronised and rank != 0:
         dist.barrier()
@@ -160,6 +214,39 @@ def agree_on_resume_checkpoint(
             f"({problems[int(failed[0])]}): with several nodes, --output_dir must be on a filesystem every node shares"
         )
     return checkpoint
+
+
+# Exit status of a run that stopped on SIGTERM after writing its checkpoint: 128 + SIGTERM, as if
+# killed by it, so that neither torchrun nor a scheduler mistakes it for a finished run.
+STOPPED_EXIT_CODE = 128 + signal.SIGTERM
+
+
+class StopRequest:
+    """SIGTERM asks the run to stop at the next step that every rank reaches, and to save it there.
+
+    SLURM sends it before a time limit or preemption (--signal), Kubernetes before it evicts a pod,
+    and torchrun passes it on to its workers, which it kills 30 s later. The ranks can get it at
+    different steps, so after each step they agree with one tiny all_reduce, on a CPU (gloo) group
+    so that the host never waits for the GPU for it.
+    """
+
+    def __init__(self) -> None:
+        self.signalled = False
+        self.group = None
+        if is_distributed():  # every rank creates the group: new_group is collective
+            self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        signal.signal(signal.SIGTERM, self.on_signal)
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        self.signalled = True
+
+    def agreed(self) -> bool:
+        """Whether any rank has been asked to stop; the same answer on every rank."""
+        if self.group is None:
+            return self.signalled
+        flag = torch.tensor([int(self.signalled)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flag.item())
 
 
 def cleanup_distributed() -> None:

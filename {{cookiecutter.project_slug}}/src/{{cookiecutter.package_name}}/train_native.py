@@ -19,7 +19,6 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +31,22 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler, set_seed
 
 from .batching import BatchPlan, ResumableSampler, build_loader, build_train_batches
-from .checkpoint import checkpoint_problem, load_checkpoint, newest_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_problem, load_checkpoint, newest_checkpoint, save_checkpoint, saved_batch_plan
 from .config import ConfigError, DataArguments, ModelArguments, parse_args
 from .data import ClassificationCollator, ClassificationData, build_collator, load_data
 from .distributed import (
+    STOPPED_EXIT_CODE,
+    StopRequest,
+    agree_on_precision,
     agree_on_resume_checkpoint,
     assert_gradients_synchronised,
     cleanup_distributed,
     resolve_device_settings,
+    select_device,
     setup_logging,
+    start_process_group,
 )
-from .metrics import classification_metrics, write_metrics
+from .metrics import classification_metrics, plot_training_curves, scalars, write_metrics
 from .modeling import load_model, load_tokenizer
 from .training_args import TrainingArguments
 
@@ -65,9 +69,6 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
 
 
-# ---- set-up: this rank, its device and the process group ------------------------------------
-
-
 @dataclass(frozen=True)
 class DistributedEnv:
     rank: int  # 0 .. world_size - 1, over all nodes
@@ -86,38 +87,24 @@ class DistributedEnv:
 
 
 def setup_distributed(args: TrainingArguments) -> DistributedEnv:
-    """Read torchrun's RANK, LOCAL_RANK and WORLD_SIZE, pin the GPU, start the process group.
-
-    Without torchrun this is one process and no group.
-    """
+    """Read torchrun's RANK, LOCAL_RANK and WORLD_SIZE, pin the GPU, start the group (none without torchrun)."""
     rank, local_rank, world_size = (int(os.environ.get(name, default)) for name, default in (
         ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")))
-    on_gpu = torch.cuda.is_available() and not args.use_cpu
-    if on_gpu and world_size == 1 and torch.cuda.device_count() > 1:
-        raise ConfigError(f"{torch.cuda.device_count()} GPUs are visible but this is one process, which would use "
-                          "GPU 0 only: start one process per GPU with scripts/train_single_node.sh (torchrun), "
-                          "or set CUDA_VISIBLE_DEVICES=0")
-    if on_gpu:
-        # Before anything touches CUDA: NCCL binds to the current GPU, and precision support is read from it.
-        torch.cuda.set_device(local_rank)
+    device = select_device(args.use_cpu)  # pinned first: precision support is read from it
     try:
         settings = resolve_device_settings(args.mixed_precision, fp16=args.fp16, bf16=args.bf16,
-                                           use_cpu=args.use_cpu, ddp_backend=args.ddp_backend)
+                                           use_cpu=device.type == "cpu", ddp_backend=args.ddp_backend)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
-    if args.tf32 is not None and on_gpu:
+    if args.tf32 is not None and device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
     if world_size > 1:
-        dist.init_process_group(backend=settings.ddp_backend, timeout=timedelta(seconds=args.ddp_timeout),
-                                device_id=device if on_gpu else None)
+        start_process_group(settings.ddp_backend, args.ddp_timeout, device)
+        agree_on_precision(settings.precision)
     setup_logging(rank == 0)
     logger.info("world size %d, device %s, backend %s, precision %s", world_size, device,
                 settings.ddp_backend if world_size > 1 else None, settings.precision)
     return DistributedEnv(rank, local_rank, world_size, device, settings.precision)
-
-
-# ---- build: data, model, optimizer, schedule; then resume ----------------------------------
 
 
 @dataclass
@@ -141,6 +128,7 @@ class Job:
     epoch: int = 0
     step_in_epoch: int = 0
     history: list[dict] = field(default_factory=list)  # the logged lines, also saved in checkpoints
+    stopped: bool = False  # by SIGTERM, at a step every rank reached (StopRequest)
     board: Any = None  # a TensorBoard SummaryWriter, on rank 0 with --report_to tensorboard
 
 
@@ -151,8 +139,10 @@ def build_job(env: DistributedEnv, model_args: ModelArguments, data_args: DataAr
     tokenizer = load_tokenizer(model_args)
     data = load_data(data_args, tokenizer, model_args.cache_dir, args.seed)
     collator = build_collator(tokenizer, mixed_precision=env.precision != "no")
+    checkpoint = agree_on_resume_checkpoint(args.resume_from_checkpoint, lambda: newest_checkpoint(args.output_dir),
+                                            checkpoint_problem) if args.do_train else None
     sampler, train_loader, plan = build_train_batches(data.train, args, collator, env.rank, env.world_size,
-                                                      on_gpu=env.device.type == "cuda")
+                                                      env.device.type == "cuda", saved_batch_plan(checkpoint))
 
     module = load_model(model_args, data.label_names).to(env.device)
     model = wrap_in_ddp(module, args, env)
@@ -171,13 +161,10 @@ def build_job(env: DistributedEnv, model_args: ModelArguments, data_args: DataAr
     # From here on only dropout draws from the global RNG: give each rank its own stream, so the
     # ranks do not drop the same units. A checkpoint restores these per-rank states.
     set_seed(args.seed + env.rank)
-    if args.do_train:
-        checkpoint = agree_on_resume_checkpoint(args.resume_from_checkpoint,
-                                                lambda: newest_checkpoint(args.output_dir), checkpoint_problem)
-        if checkpoint is not None:
-            load_checkpoint(job, checkpoint)
-            logger.info("resumed from %s at step %d (epoch %d, step %d in it)", checkpoint, job.step, job.epoch,
-                        job.step_in_epoch)
+    if checkpoint is not None:
+        load_checkpoint(job, checkpoint)
+        logger.info("resumed from %s at step %d (epoch %d, step %d in it)", checkpoint, job.step, job.epoch,
+                    job.step_in_epoch)
     return job
 
 
@@ -217,31 +204,36 @@ def build_optimizer(model: torch.nn.Module, args: TrainingArguments) -> torch.op
 def train_and_evaluate(job: Job) -> dict[str, float]:
     """Train, save the final model, evaluate once over the whole eval set, write metrics.json."""
     metrics = {}
-    if job.args.do_train:
-        metrics.update(train(job))
-        if job.env.is_main_process:  # the final model in output_dir itself, as the Trainer variant leaves it
-            job.module.save_pretrained(job.args.output_dir)
-            job.tokenizer.save_pretrained(job.args.output_dir)
-    if job.args.do_eval:
-        metrics.update(evaluate(job))
-    if job.env.is_main_process:
-        path = write_metrics(job.args.output_dir, metrics)
-        Path(job.args.output_dir, "log_history.json").write_text(json.dumps(job.history, indent=1) + "\n")
-        logger.info("metrics written to %s: %s", path, metrics)
-    if job.board is not None:
-        job.board.close()
-    job.model = job.module  # drop DDP, which holds the process group, before the group is destroyed
-    return metrics
+    try:
+        if job.args.do_train:
+            metrics.update(train(job))
+            if job.stopped:  # by SIGTERM, after saving the step it reached
+                raise SystemExit(STOPPED_EXIT_CODE)
+            if job.env.is_main_process:  # the final model in output_dir itself, as the Trainer variant leaves it
+                job.module.save_pretrained(job.args.output_dir)
+                job.tokenizer.save_pretrained(job.args.output_dir)
+        if job.args.do_eval:
+            metrics.update(evaluate(job))
+        if job.env.is_main_process:
+            path = write_metrics(job.args.output_dir, metrics)
+            Path(job.args.output_dir, "log_history.json").write_text(json.dumps(job.history, indent=1) + "\n")
+            plot_training_curves(job.history, Path(job.args.output_dir, "training_curves.png"))
+            logger.info("metrics written to %s: %s", path, metrics)
+        return metrics
+    finally:
+        if job.board is not None:
+            job.board.close()
+        job.model = job.module  # drop DDP, which holds the process group, before the group is destroyed
 
 
 def train(job: Job) -> dict[str, float]:
     """The epoch loop. Each pass of the inner loop is one optimizer step over accumulated micro-batches."""
     args, env, plan, model, optimizer, scaler = job.args, job.env, job.plan, job.model, job.optimizer, job.scaler
     skip_sync = model.no_sync if isinstance(model, DistributedDataParallel) else contextlib.nullcontext
-    meter, first_step = LossMeter(env.device, job.step), job.step
+    meter, first_step, stop = LossMeter(env.device, job.step), job.step, StopRequest()
     bar = tqdm(total=plan.total_steps, initial=job.step, desc="train", dynamic_ncols=True,
-               disable=not env.is_main_process or args.disable_tqdm)
-    while job.step < plan.total_steps:
+               disable=not env.is_main_process or args.disable_tqdm or not sys.stderr.isatty())  # no bars in files
+    while job.step < plan.total_steps and not job.stopped:
         # A new shuffle each epoch, the same on every rank. A resumed epoch starts just after the
         # examples already trained on (every earlier step of the epoch was full).
         epoch = job.epoch
@@ -286,17 +278,24 @@ def train(job: Job) -> dict[str, float]:
                 job.epoch, job.step_in_epoch = job.epoch + 1, 0
             bar.update(1)
             finished = job.step == plan.total_steps
+            job.stopped = stop.agreed() and not finished  # a last step finishes the run instead
             if due(args.logging_strategy, args.logging_steps, job, end_of_epoch) or finished or (
                     job.step == 1 and args.logging_first_step):
                 logs = meter.flush(job.step) | {"learning_rate": job.scheduler.get_last_lr()[0]}
                 if grad_norm is not None:
                     logs["grad_norm"] = round(float(grad_norm), 4)  # the same on every rank after the all-reduce
                 log(job, logs, bar)
-            if due(args.eval_strategy, args.eval_steps or args.logging_steps, job, end_of_epoch) and not finished:
+            if due(args.eval_strategy, args.eval_steps or args.logging_steps, job, end_of_epoch) and not (
+                    finished or job.stopped):
                 log(job, evaluate(job), bar)  # the final evaluation follows the loop
                 model.train()
-            if due(args.save_strategy, args.save_steps, job, end_of_epoch) or (finished and args.save_strategy != "no"):
+            if job.stopped or due(args.save_strategy, args.save_steps, job, end_of_epoch) or (
+                    finished and args.save_strategy != "no"):
                 save_checkpoint(job)
+            if job.stopped:
+                logger.info("stopped by SIGTERM at step %d, saved in checkpoint-%d: the same command resumes there",
+                            job.step, job.step)
+                break
     bar.close()
     return meter.totals() | {"epoch": job.step / plan.steps_per_epoch}
 
@@ -348,11 +347,11 @@ def log(job: Job, logs: dict[str, float], bar: tqdm) -> None:
     """One JSON line on rank 0 (and a TensorBoard point), kept in job.history."""
     if not job.env.is_main_process:
         return
-    entry = {"step": job.step, "epoch": round(job.step / job.plan.steps_per_epoch, 3), **logs}
+    entry = {"step": job.step, "epoch": round(job.step / job.plan.steps_per_epoch, 3), **scalars(logs)}
     job.history.append(entry)
     bar.write(json.dumps(entry))
     if job.board is not None:
-        for key, value in logs.items():
+        for key, value in scalars(logs).items():
             job.board.add_scalar(key, value, job.step)
 
 
@@ -389,7 +388,7 @@ def evaluate(job: Job) -> dict[str, float]:
         return {}
     all_predictions = np.concatenate([predicted for predicted, _, _ in everyone])
     all_labels = np.concatenate([label for _, label, _ in everyone])
-    metrics = classification_metrics(all_predictions, all_labels, len(job.data.label_names))
+    metrics = classification_metrics(all_predictions, all_labels, job.data.label_names)
     metrics["loss"] = sum(loss for _, _, loss in everyone) / max(1, len(all_labels))
     metrics["runtime"] = round(time.perf_counter() - start, 4)
     metrics["samples_per_second"] = round(len(all_labels) / metrics["runtime"], 3)

@@ -1,37 +1,44 @@
 """Fine-tune a sequence classifier with the Hugging Face Trainer, on one process or under torchrun.
 
-The run, top to bottom: parse the config and flags (under torchrun this starts the process group,
-through accelerate); check that torchrun's ranks really share gradients; load and tokenise the data;
+The run, top to bottom: parse the config and flags (under torchrun this starts the process group:
+training_args.py); check that torchrun's ranks really share gradients; load and tokenise the data;
 load the model; train, resuming from the newest checkpoint; evaluate once over exactly the eval set;
 write metrics.json.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import sys
-from datetime import timedelta
-from functools import partial
 from pathlib import Path
 
 import numpy as np
+import torch
 import torch.distributed as dist
+from tqdm.auto import tqdm
 from transformers import EvalPrediction, Trainer, TrainerCallback, set_seed
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import get_last_checkpoint
 
 from .config import ConfigError, DataArguments, ModelArguments, parse_args
 from .data import build_collator, load_data
 from .distributed import (
+    STOPPED_EXIT_CODE,
+    StopRequest,
     agree_on_resume_checkpoint,
     assert_gradients_synchronised,
     cleanup_distributed,
     env_world_size,
     setup_logging,
 )
-from .metrics import classification_metrics, write_metrics
+from .metrics import classification_metrics, plot_training_curves, scalars, write_metrics
 from .modeling import load_model, load_tokenizer
 from .training_args import TrainingArguments
 
+BATCH_PLAN = "batch_plan.json"
 logger = logging.getLogger(f"{__package__}.train")  # not __name__: that is "__main__" under python -m
 
 
@@ -54,10 +61,6 @@ def run(model_args: ModelArguments, data_args: DataArguments, args: TrainingArgu
 def prepare_run(args: TrainingArguments) -> None:
     setup_logging(args.process_index == 0)
     check_really_distributed(args.world_size)
-    if dist.is_initialized():
-        # accelerate started the group without --ddp_timeout on CPU. There is no public setter;
-        # _set_pg_timeout is torch's own helper for exactly this.
-        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=args.ddp_timeout))
     logger.info("world size %d, device %s, backend %s, precision %s", args.world_size, args.device,
                 args.ddp_backend, "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
     set_seed(args.seed)
@@ -75,6 +78,54 @@ def check_really_distributed(world_size_in_use: int) -> None:
         )
 
 
+class StopOnSignal(TrainerCallback):
+    """On SIGTERM (see distributed.StopRequest), save the step every rank reached and end training."""
+
+    def __init__(self) -> None:
+        self.request: StopRequest | None = None
+        self.stopped = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.request = StopRequest()  # here: every rank has joined the group
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.request.agreed() and state.global_step < state.max_steps:  # a last step finishes the run instead
+            self.stopped = control.should_save = control.should_training_stop = True
+            logger.info("stopped by SIGTERM at step %d, saved in checkpoint-%d: the same command resumes there",
+                        state.global_step, state.global_step)
+
+
+class RecordBatchPlan(TrainerCallback):
+    """Note in each checkpoint how the global batch was split, so a resume can be checked against it."""
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            path = Path(args.output_dir, f"checkpoint-{state.global_step}", BATCH_PLAN)
+            path.write_text(json.dumps(batch_plan(args)) + "\n")
+
+
+def batch_plan(args: TrainingArguments) -> dict[str, int]:
+    return {"world_size": args.world_size, "per_device_train_batch_size": args.per_device_train_batch_size,
+            "gradient_accumulation_steps": args.gradient_accumulation_steps}
+
+
+def describe(plan: dict[str, int]) -> str:
+    return (f"{plan['world_size']} processes x --per_device_train_batch_size {plan['per_device_train_batch_size']} "
+            f"x --gradient_accumulation_steps {plan['gradient_accumulation_steps']}")
+
+
+def check_same_batch_plan(checkpoint: Path, args: TrainingArguments) -> None:
+    """The Trainer finds its place in a resumed epoch by counting its own batches: under another split
+    it would skip the wrong examples, and its schedule would count other steps. Refuse that."""
+    path = checkpoint / BATCH_PLAN
+    saved = json.loads(path.read_text()) if path.is_file() else batch_plan(args)
+    if saved != batch_plan(args):
+        raise ConfigError(f"checkpoint {str(checkpoint)!r} was written with {describe(saved)}, this run has "
+                          f"{describe(batch_plan(args))}: the Trainer resumes only the same split (the native loop "
+                          "can resume on another world size). Run with the checkpoint's settings, or use a new "
+                          "--output_dir")
+
+
 class GradientSyncCheck(TrainerCallback):
     """Before the first optimizer step, prove every rank holds the same averaged gradients."""
 
@@ -87,9 +138,61 @@ class GradientSyncCheck(TrainerCallback):
             self.checked = True
 
 
-def compute_metrics(prediction: EvalPrediction, num_labels: int) -> dict[str, float]:
-    logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
-    return classification_metrics(np.argmax(logits, axis=-1), prediction.label_ids, num_labels)
+class ComputeMetrics:
+    """The Trainer's compute_metrics: numbers for its logs; the latest per-class table and confusion
+    matrix kept aside, for metrics.json."""
+
+    def __init__(self, label_names: list[str]) -> None:
+        self.label_names = label_names
+        self.tables: dict = {}
+
+    def __call__(self, prediction: EvalPrediction) -> dict[str, float]:
+        logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+        metrics = classification_metrics(np.argmax(logits, axis=-1), prediction.label_ids, self.label_names)
+        self.tables = {f"eval_{key}": metrics.pop(key) for key in ("per_class", "confusion_matrix")}
+        return metrics
+
+
+class JsonLogLines(TrainerCallback):
+    """Each log as one JSON line from rank 0, numbers as numbers, as the native loop writes them.
+
+    (The Trainer's own printers format numbers as text and, without a progress bar, print on every node.)
+    """
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero:
+            tqdm.write(json.dumps({"step": state.global_step, **scalars(logs)}))
+
+
+class ProgressBar(ProgressCallback):
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        pass  # JsonLogLines writes them
+
+
+class EpochSeededLengthGroupedSampler(LengthGroupedSampler):
+    """The Trainer's length-grouped order, shuffled by a generator seeded with (seed, epoch) at each epoch.
+
+    Upstream the generator carries on from epoch to epoch, and no checkpoint saves it: a run resumed
+    in epoch e would train on another order than the run it continues, and its weights would differ.
+    Seeded per epoch, the order is the same on every rank and after any resume.
+    """
+
+    def __init__(self, trainer: Trainer, lengths: list[int]) -> None:
+        batch_size = trainer.args.train_batch_size * trainer.args.gradient_accumulation_steps
+        super().__init__(batch_size, lengths=lengths, generator=torch.Generator())
+        self.trainer = trainer
+
+    def __iter__(self):
+        # state.epoch is the epoch about to start, or after a resume the fraction reached in it.
+        self.generator.manual_seed(self.trainer.args.seed + math.floor(self.trainer.state.epoch + 1e-6))
+        return super().__iter__()
+
+
+class ClassificationTrainer(Trainer):
+    def _get_train_sampler(self, train_dataset=None):
+        if self.args.train_sampling_strategy != "group_by_length":
+            return super()._get_train_sampler(train_dataset)
+        return EpochSeededLengthGroupedSampler(self, (train_dataset or self.train_dataset)["length"])
 
 
 def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> Trainer:
@@ -100,16 +203,20 @@ def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: Tr
     # If the Trainer believed otherwise it would multiply the loss (and the gradients) by the world
     # size and skip dividing by the accumulation steps.
     model.accepts_loss_kwargs = False
-    return Trainer(
+    trainer = ClassificationTrainer(
         model=model,
         args=args,
         train_dataset=data.train,
         eval_dataset=data.validation,
         processing_class=tokenizer,
         data_collator=build_collator(tokenizer, mixed_precision=args.fp16 or args.bf16),
-        compute_metrics=partial(compute_metrics, num_labels=len(data.label_names)),
-        callbacks=[GradientSyncCheck()],
+        compute_metrics=ComputeMetrics(data.label_names),
+        callbacks=[GradientSyncCheck(), StopOnSignal(), RecordBatchPlan(), JsonLogLines()],
     )
+    trainer.remove_callback(PrinterCallback)
+    if trainer.pop_callback(ProgressCallback) is not None:  # on a terminal, unless --disable_tqdm
+        trainer.add_callback(ProgressBar)
+    return trainer
 
 
 def find_resume_checkpoint(args: TrainingArguments) -> Path | None:
@@ -127,16 +234,22 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments) -> dict[str, f
     if args.do_train:
         checkpoint = find_resume_checkpoint(args)
         if checkpoint is not None:
+            check_same_batch_plan(checkpoint, args)
             logger.info("resuming from checkpoint %s", checkpoint)
         metrics.update(trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None).metrics)
+        if next(c for c in trainer.callback_handler.callbacks if isinstance(c, StopOnSignal)).stopped:
+            release(trainer)
+            raise SystemExit(STOPPED_EXIT_CODE)
         trainer.save_model()
         trainer.save_state()
     if args.do_eval:
         # Trainer's evaluation gathers with gather_for_metrics, which drops the examples the
         # distributed sampler repeats to even out the ranks: every example counts exactly once.
         metrics.update(trainer.evaluate())
+        metrics.update(trainer.compute_metrics.tables)
     if trainer.is_world_process_zero():
         path = write_metrics(args.output_dir, metrics)
+        plot_training_curves(trainer.state.log_history, Path(args.output_dir, "training_curves.png"))
         logger.info("metrics written to %s: %s", path, metrics)
     return metrics
 

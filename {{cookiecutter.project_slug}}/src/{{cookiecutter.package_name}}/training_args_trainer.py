@@ -1,20 +1,27 @@
 """The Trainer's flags: transformers.TrainingArguments with this project's defaults, and device,
 backend and precision decided before the Trainer sets up devices.
 
-Under torchrun, parsing these arguments starts the process group: TrainingArguments builds
-accelerate's PartialState, which calls init_process_group. This project does not start it again.
+Under torchrun, parsing these arguments starts the process group, here, before transformers would
+start it through accelerate (which adopts this one): so that it has --ddp_timeout on CPU too and
+this rank's GPU bound to it (device_id).
 """
 
 from __future__ import annotations
 
-import os
+import sys
 from dataclasses import dataclass, field
 
-import torch
+import torch.distributed as dist
 import transformers
 
 from .config import ConfigError
-from .distributed import env_world_size, resolve_device_settings
+from .distributed import (
+    agree_on_precision,
+    env_world_size,
+    resolve_device_settings,
+    select_device,
+    start_process_group,
+)
 
 
 @dataclass
@@ -50,32 +57,27 @@ class TrainingArguments(transformers.TrainingArguments):
     save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most this many checkpoints."})
 
     def __post_init__(self) -> None:
+        if self.disable_tqdm is None:  # bar fragments would fill log files (SLURM, nohup, kubectl logs)
+            self.disable_tqdm = not sys.stderr.isatty()
         if not (self.do_train or self.do_eval):
             raise ConfigError("--do_train false and --do_eval false leave nothing to do; keep at least one")
         # Decide device, backend and precision before the parent sets up devices: on a CPU-only
         # machine the Trainer trains each rank alone unless use_cpu is set, and gloo alone does not
         # make the ranks synchronise gradients.
+        device = select_device(self.use_cpu)  # pinned first: precision support is read from it
         try:
-            settings = resolve_device_settings(
-                self.mixed_precision, fp16=self.fp16, bf16=self.bf16, use_cpu=self.use_cpu, ddp_backend=self.ddp_backend
-            )
+            settings = resolve_device_settings(self.mixed_precision, fp16=self.fp16, bf16=self.bf16,
+                                               use_cpu=device.type == "cpu", ddp_backend=self.ddp_backend)
         except ValueError as err:
             raise ConfigError(str(err)) from None
         self.use_cpu = settings.use_cpu
         self.ddp_backend = settings.ddp_backend
         self.fp16 = settings.precision == "fp16"
         self.bf16 = settings.precision == "bf16"
-        if self.train_sampling_strategy == "group_by_length" and self.accelerator_config is None:
-            # The length-grouped sampler shuffles with the global torch RNG, which drifts apart
-            # between ranks after the first epoch (dropout draws per element), so the ranks' shards
-            # would overlap. Without the seedable sampler, accelerate gives the sampler a generator
-            # and broadcasts its state from rank 0 at the start of every epoch.
-            self.accelerator_config = {"use_seedable_sampler": False}
-        if not self.use_cpu and env_world_size() > 1:
-            # The parent starts the NCCL process group; pin this rank's GPU first, or every rank
-            # would set up its communicator on GPU 0.
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if env_world_size() > 1 and not dist.is_initialized():
+            start_process_group(settings.ddp_backend, self.ddp_timeout, device)
         super().__post_init__()
+        agree_on_precision(settings.precision)
         # The parent fills an attribute of this name from ACCELERATE_MIXED_PRECISION and hands it
         # to accelerate; keep it equal to what was resolved above.
         self.mixed_precision = settings.precision

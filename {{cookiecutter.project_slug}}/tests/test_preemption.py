@@ -1,0 +1,107 @@
+"""SIGTERM, as SLURM (--signal, time limit, preemption) and Kubernetes send before they take a node
+back: the run saves the step it reached, exits in bounded time with nothing half-written and no
+process left, and the same command then resumes there and ends as if it had never stopped.
+
+The signal goes to the launch script (which execs torchrun), as a scheduler sends it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import IS_NATIVE, REPO_ROOT, TRAIN_SIZE, run_env, smoke_flags
+from safetensors.torch import load_file
+
+SCRIPT = str(REPO_ROOT / "scripts" / "train_single_node.sh")
+STEPS_PER_EPOCH = TRAIN_SIZE // (2 * 16)  # 2 ranks x per-device batch 16 (configs/smoke.yaml)
+FLAGS = ["--num_train_epochs", "3", "--save_strategy", "epoch"]
+STOPPED_EXIT_CODE = 128 + signal.SIGTERM
+# Resuming replays the same operations in the same order; the tolerance leaves room for a kernel
+# that is not bitwise deterministic.
+WEIGHTS_ATOL = 1e-6
+
+
+def launch(flags: list[str], log: Path) -> subprocess.Popen:
+    """The single-node script in its own session (so no process of it can hide), output to a file."""
+    with log.open("w") as out:
+        return subprocess.Popen([SCRIPT, *flags], cwd=REPO_ROOT, env=run_env(NPROC_PER_NODE="2"), stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait(process: subprocess.Popen, log: Path, timeout: float = 300) -> int:
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(f"still running after {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def checkpoint_steps(output_dir: Path) -> list[int]:
+    return sorted(int(path.name.split("-")[1]) for path in output_dir.glob("checkpoint-*"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(smoke_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    output_dir = tmp_path_factory.mktemp("uninterrupted")
+    log = output_dir.parent / "uninterrupted.log"
+    assert wait(launch([*smoke_flags(smoke_assets, output_dir), *FLAGS], log), log) == 0, log.read_text()[-3000:]
+    return output_dir
+
+
+@pytest.fixture(scope="module")
+def stopped(smoke_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A run sent SIGTERM in its second epoch, just after its first checkpoint appeared."""
+    output_dir = tmp_path_factory.mktemp("stopped")
+    log = output_dir.parent / "stopped.log"
+    process = launch([*smoke_flags(smoke_assets, output_dir), *FLAGS], log)
+    deadline = time.monotonic() + 240
+    while not (output_dir / f"checkpoint-{STEPS_PER_EPOCH}").is_dir():
+        assert process.poll() is None, f"ended before its first checkpoint:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "no first checkpoint after 240 s"
+        time.sleep(0.05)
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    returncode = wait(process, log, timeout=120)
+    return {"output_dir": output_dir, "log": log.read_text(), "returncode": returncode,
+            "seconds_to_exit": time.monotonic() - signalled, "process": process,
+            "checkpoints": checkpoint_steps(output_dir), "files": sorted(p.name for p in output_dir.iterdir())}
+
+
+def test_sigterm_ends_the_run_within_seconds_with_the_stop_status(stopped: dict) -> None:
+    # torchrun kills workers 30 s after passing SIGTERM on; a stop must come well before that.
+    assert stopped["seconds_to_exit"] < 30, stopped["log"][-3000:]
+    assert stopped["returncode"] != 0, "a stopped run must not look finished"
+    assert "stopped by SIGTERM at step" in stopped["log"]
+
+
+def test_sigterm_saves_the_step_reached_mid_epoch(stopped: dict) -> None:
+    first, *rest = stopped["checkpoints"]
+    assert first == STEPS_PER_EPOCH and len(rest) == 1, stopped["checkpoints"]
+    reached = rest[0]
+    assert STEPS_PER_EPOCH < reached < 3 * STEPS_PER_EPOCH
+    assert f"stopped by SIGTERM at step {reached}, saved in checkpoint-{reached}" in stopped["log"]
+
+
+def test_sigterm_leaves_nothing_half_written_and_no_process(stopped: dict) -> None:
+    assert [name for name in stopped["files"] if "tmp" in name] == []
+    assert "metrics.json" not in stopped["files"], "the stopped run wrote final results"
+    with pytest.raises(ProcessLookupError):
+        os.killpg(stopped["process"].pid, 0)  # no process of its session is left
+
+
+def test_the_same_command_resumes_and_ends_with_the_uninterrupted_weights(
+    stopped: dict, uninterrupted: Path, smoke_assets: Path
+) -> None:
+    output_dir = stopped["output_dir"]
+    log = output_dir.parent / "resumed.log"
+    assert wait(launch([*smoke_flags(smoke_assets, output_dir), *FLAGS], log), log) == 0, log.read_text()[-3000:]
+    assert f"checkpoint-{stopped['checkpoints'][-1]}" in log.read_text()  # it says where it resumed from
+    expected, actual = (load_file(folder / "model.safetensors") for folder in (uninterrupted, output_dir))
+    assert expected.keys() == actual.keys()
+    worst = max((expected[name] - actual[name]).abs().max().item() for name in expected)
+    assert worst <= WEIGHTS_ATOL, f"largest weight difference {worst:.3g} ({'native' if IS_NATIVE else 'Trainer'})"
