@@ -92,6 +92,14 @@ resolve_python() {
     || die "PYTHON='$PYTHON' is not a command: activate the environment that has torch, or set PYTHON=/path/to/python"
 }
 
+# MODULE: what torchrun runs in every process; the doctor checks the set-up instead of training.
+resolve_module() {
+  MODULE="${MODULE:-$PACKAGE_NAME.train}"
+  # A file name (train.py) would also match the pattern, and python -m would not find it.
+  [[ "$MODULE" =~ ^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$ && "$MODULE" != *.py ]] \
+    || die "MODULE='$MODULE' is not a Python module name: expected e.g. $PACKAGE_NAME.train or $PACKAGE_NAME.doctor"
+}
+
 resolve_max_restarts() {
   MAX_RESTARTS="${MAX_RESTARTS:-0}"
   require_int MAX_RESTARTS 0
@@ -138,15 +146,17 @@ set_omp_num_threads() {
 # from the rendezvous store torchrun shares with them, and fail to connect
 # (pytorch/pytorch#135712; NCCL reads a stale unique id the same way). With
 # sharing off, each attempt gets a fresh store. A value the user set is kept.
-# Only c10d rendezvous (--standalone, SLURM) reads it; static rendezvous does not.
+# Only c10d rendezvous (--standalone, train_multi_node.sh by default, SLURM)
+# reads it; static rendezvous does not.
 disable_shared_rendezvous_store() {
   export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
 }
 
-# Sets PYTHON, NPROC_PER_NODE, MAX_RESTARTS, OMP_NUM_THREADS and
+# Sets MODULE, PYTHON, NPROC_PER_NODE, MAX_RESTARTS, OMP_NUM_THREADS and
 # TORCH_DISABLE_SHARE_RDZV_TCP_STORE. Call it after the cheap checks:
 # NPROC_PER_NODE=auto imports torch.
 resolve_launch_settings() {
+  resolve_module
   resolve_python
   resolve_max_restarts
   resolve_nproc_per_node
@@ -156,11 +166,15 @@ resolve_launch_settings() {
 
 # Prints the command on stderr, then replaces this shell with it so that
 # signals (Ctrl-C, SLURM's SIGTERM) reach torchrun directly.
-run_command() {
+show_command() {
   command -v "$1" >/dev/null \
     || die "'$1' is not a command here (not on PATH, or not executable): nothing was started"
   printf '+' >&2
   printf ' %q' "$@" >&2
   printf '\n' >&2
+}
+
+run_command() {
+  show_command "$@"
   exec "$@"
 }

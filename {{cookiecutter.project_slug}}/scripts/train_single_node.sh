@@ -23,10 +23,15 @@ Environment:
   OMP_NUM_THREADS  threads per process     [default: CPU cores / NPROC_PER_NODE]
   PYTHON           interpreter with torch installed  [default: python, else python3]
   CUDA_VISIBLE_DEVICES restricts which GPUs are used (and counted by 'auto').
+  MODULE           Python module run in every process [default: $PACKAGE_NAME.train];
+                   MODULE=$PACKAGE_NAME.doctor checks versions, GPUs, the
+                   network, the backend and output_dir with the same CONFIG and
+                   flags, prints one PASS/FAIL line per check and trains nothing
 
 Examples:
   scripts/train_single_node.sh configs/smoke.yaml
   NPROC_PER_NODE=4 scripts/train_single_node.sh configs/default.yaml --learning_rate 3e-5
+  MODULE=$PACKAGE_NAME.doctor scripts/train_single_node.sh configs/default.yaml
 EOF
 }
 
@@ -45,7 +50,7 @@ cmd=(
   --standalone
   --nproc-per-node="$NPROC_PER_NODE"
   --max-restarts="$MAX_RESTARTS"
-  -m "$PACKAGE_NAME.train"
+  -m "$MODULE"
   "$@"
 )
 run_command "${cmd[@]}"

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -69,6 +70,10 @@ def finish(process: subprocess.Popen, timeout: int = 300) -> subprocess.Complete
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        # torchrun starts its workers in sessions of their own: kill the whole tree, or they would
+        # keep the pipes open and communicate() would wait for ever.
+        for child in psutil.Process(process.pid).children(recursive=True):
+            child.kill()
         os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate()
         pytest.fail(f"{process.args[:4]} timed out after {timeout}s:\n{stdout[-3000:]}\n{stderr[-3000:]}")

@@ -11,8 +11,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,11 @@ LAUNCH_VARIABLES = (
     "OMP_NUM_THREADS",
     "PYTHON",
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+    "RDZV_BACKEND",
+    "RDZV_ENDPOINT",
+    "RDZV_ID",
+    "LOCAL_ADDR",
+    "MODULE",
 )
 
 needs_slurm_script = pytest.mark.skipif(not SLURM_SCRIPT.exists(), reason="generated without the SLURM script")
@@ -67,6 +74,16 @@ if program == "scontrol":
         os.write(1, rest[start:start + 16384])
 elif sys.argv[2:3] == ["-c"]:  # the GPU count asked for by NPROC_PER_NODE=auto
     print(os.environ.get("FAKE_GPU_COUNT", "0"))
+elif program == "srun" and os.environ.get("FAKE_SRUN_UNTIL_TERM"):  # a job step that runs until SIGTERM
+    def stop(signum, frame):
+        with open(os.environ["RECORD_FILE"], "a") as record:
+            record.write(json.dumps({"program": "srun", "signal": "TERM"}) + "\\n")
+        sys.exit(128 + signum)
+    signal.signal(signal.SIGTERM, stop)
+    open(os.environ["FAKE_SRUN_UNTIL_TERM"], "w").close()
+    time.sleep(60)
+elif program == "srun":
+    sys.exit(int(os.environ.get("FAKE_SRUN_STATUS", "0")))
 """
 
 
@@ -141,11 +158,14 @@ COMMON_HELP_WORDS = [
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
     "OMP_NUM_THREADS",
     "PYTHON",
+    "MODULE",
+    f"{PACKAGE_NAME}.doctor",
 ]
 HELP_WORDS = {
     "train_single_node.sh": COMMON_HELP_WORDS,
     "train_multi_node.sh": COMMON_HELP_WORDS
     + ["NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS=1"]
+    + ["RDZV_BACKEND", "c10d", "static", "RDZV_ENDPOINT", "RDZV_ID", "MIN:MAX", "LOCAL_ADDR", "pytorch/pytorch#135712"]
     + ["--ddp_timeout", "NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS", "NCCL_SOCKET_IFNAME"],
     "train_slurm.sbatch": COMMON_HELP_WORDS + ["MASTER_PORT", "sbatch"],
 }
@@ -198,7 +218,46 @@ BAD_SETTINGS = [
     pytest.param(
         "train_multi_node.sh", {**MULTI_NODE_ENV, "NODE_RANK": "-1"}, [], "NODE_RANK", id="node-rank-negative"
     ),
-    pytest.param("train_multi_node.sh", {**MULTI_NODE_ENV, "NODE_RANK": None}, [], "NODE_RANK", id="node-rank-unset"),
+    pytest.param(
+        "train_multi_node.sh",
+        {**MULTI_NODE_ENV, "RDZV_BACKEND": "static", "NODE_RANK": None},
+        [],
+        "NODE_RANK",
+        id="static-node-rank-unset",
+    ),
+    pytest.param(
+        "train_multi_node.sh", {**MULTI_NODE_ENV, "NNODES": "2:4", "NODE_RANK": "4"}, [], "NODE_RANK",
+        id="node-rank-beyond-max-nodes",
+    ),
+    pytest.param(
+        "train_multi_node.sh", {**MULTI_NODE_ENV, "RDZV_BACKEND": "etcd"}, [], "RDZV_BACKEND", id="rdzv-backend-unknown"
+    ),
+    pytest.param("train_multi_node.sh", {**MULTI_NODE_ENV, "NNODES": "3:2"}, [], "NNODES", id="nnodes-range-reversed"),
+    pytest.param("train_multi_node.sh", {**MULTI_NODE_ENV, "NNODES": "0:2"}, [], "NNODES", id="nnodes-range-from-zero"),
+    pytest.param("train_multi_node.sh", {**MULTI_NODE_ENV, "NNODES": "2:"}, [], "NNODES", id="nnodes-range-open"),
+    pytest.param(
+        "train_multi_node.sh",
+        {**MULTI_NODE_ENV, "RDZV_BACKEND": "static", "NNODES": "1:2"},
+        [],
+        "RDZV_BACKEND=c10d",
+        id="static-nnodes-range",
+    ),
+    pytest.param(
+        "train_multi_node.sh", {**MULTI_NODE_ENV, "RDZV_ID": "my job"}, [], "RDZV_ID", id="rdzv-id-with-space"
+    ),
+    pytest.param(
+        "train_multi_node.sh",
+        {**MULTI_NODE_ENV, "RDZV_BACKEND": "static", "MASTER_ADDR": None, "RDZV_ENDPOINT": "store:29400"},
+        [],
+        "MASTER_ADDR",
+        id="static-ignores-rdzv-endpoint",
+    ),
+    pytest.param(
+        "train_single_node.sh", {"NPROC_PER_NODE": "1", "MODULE": "train.py"}, [], "MODULE", id="module-file-name"
+    ),
+    pytest.param(
+        "train_multi_node.sh", {**MULTI_NODE_ENV, "MODULE": "-c"}, [], "MODULE", id="multi-module-option"
+    ),
     pytest.param(
         "train_multi_node.sh", {**MULTI_NODE_ENV, "MASTER_ADDR": None}, [], "MASTER_ADDR", id="master-addr-unset"
     ),
@@ -309,9 +368,66 @@ def test_src_is_first_on_pythonpath_so_a_checkout_runs_uninstalled(launcher: Lau
     assert launcher.launch_call()["PYTHONPATH"].split(os.pathsep) == [str(REPO_ROOT / "src"), "/elsewhere"]
 
 
-def test_multi_node_runs_static_rendezvous_on_master_addr(launcher: Launcher, config_file: str) -> None:
-    result = launcher.run("train_multi_node.sh", config_file, "--seed", "7", **MULTI_NODE_ENV, MASTER_PORT="29123")
+@pytest.mark.parametrize(
+    ("node_rank", "hosting"),
+    [("0", ["--rdzv-conf=is_host=1"]), ("1", ["--rdzv-conf=is_host=0"]), (None, [])],
+    ids=["node-0-hosts-the-store", "node-1-joins", "torchrun-decides"],
+)
+def test_multi_node_runs_c10d_rendezvous_on_master_addr_hosted_by_node_0(
+    launcher: Launcher, config_file: str, node_rank: str | None, hosting: list[str]
+) -> None:
+    # c10d gives every restart a fresh store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE), so MAX_RESTARTS works.
+    env = {**MULTI_NODE_ENV, "NODE_RANK": node_rank, "MASTER_PORT": "29123"}
+    result = launcher.run("train_multi_node.sh", config_file, "--seed", "7", **env)
     assert result.returncode == 0, result.stderr
+    call = launcher.launch_call()
+    assert call["argv"] == [
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=10.0.0.1:29123",
+        f"--rdzv-id={PACKAGE_NAME}",
+        *hosting,
+        "--nproc-per-node=1",
+        "--max-restarts=0",
+        "-m",
+        f"{PACKAGE_NAME}.train",
+        config_file,
+        "--seed",
+        "7",
+    ]
+    assert call["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+
+def test_multi_node_elastic_range_with_its_own_endpoint_id_and_address(launcher: Launcher) -> None:
+    result = launcher.run(
+        "train_multi_node.sh",
+        NNODES="02:4",
+        NPROC_PER_NODE="1",
+        MAX_RESTARTS="3",
+        RDZV_ENDPOINT="store-host:29400",
+        RDZV_ID="job-7",
+        LOCAL_ADDR="10.0.0.2",
+    )
+    assert result.returncode == 0, result.stderr
+    assert launcher.launch_call()["argv"][2:9] == [
+        "--nnodes=2:4",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=store-host:29400",
+        "--rdzv-id=job-7",
+        "--local-addr=10.0.0.2",
+        "--nproc-per-node=1",
+        "--max-restarts=3",
+    ]
+
+
+def test_multi_node_runs_static_rendezvous_on_master_addr(launcher: Launcher, config_file: str) -> None:
+    result = launcher.run(
+        "train_multi_node.sh", config_file, "--seed", "7", **MULTI_NODE_ENV, RDZV_BACKEND="static", MASTER_PORT="29123"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr
     assert launcher.launch_call()["argv"] == [
         "-m",
         "torch.distributed.run",
@@ -327,6 +443,28 @@ def test_multi_node_runs_static_rendezvous_on_master_addr(launcher: Launcher, co
         "--seed",
         "7",
     ]
+
+
+def test_static_rendezvous_with_restarts_warns_that_they_may_not_connect(launcher: Launcher) -> None:
+    result = launcher.run("train_multi_node.sh", **MULTI_NODE_ENV, RDZV_BACKEND="static", MAX_RESTARTS="2")
+    assert result.returncode == 0, result.stderr
+    (warning,) = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert "pytorch/pytorch#135712" in warning and "RDZV_BACKEND=c10d" in warning
+    assert "--max-restarts=2" in launcher.launch_call()["argv"]
+
+
+@pytest.mark.parametrize("script", ["train_single_node.sh", "train_multi_node.sh", "train_slurm.sbatch"])
+def test_module_runs_the_doctor_instead_of_train_with_the_same_arguments(
+    launcher: Launcher, config_file: str, script: str
+) -> None:
+    if not (SCRIPTS / script).exists():
+        pytest.skip(f"{script} was not generated")
+    env = {"train_single_node.sh": {"NPROC_PER_NODE": "1"}, "train_multi_node.sh": MULTI_NODE_ENV}.get(
+        script, SLURM_ENV
+    )
+    result = launcher.run(script, config_file, "--seed", "7", **env, MODULE=f"{PACKAGE_NAME}.doctor")
+    assert result.returncode == 0, result.stderr
+    assert launcher.launch_call()["argv"][-5:] == ["-m", f"{PACKAGE_NAME}.doctor", config_file, "--seed", "7"]
 
 
 @pytest.mark.parametrize(
@@ -566,3 +704,40 @@ def test_scripts_pass_shellcheck() -> None:
     scripts = [str(p.relative_to(REPO_ROOT)) for p in sorted(SCRIPTS.iterdir())]
     result = subprocess.run(["shellcheck", "-x", *scripts], cwd=REPO_ROOT, check=False, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+@needs_slurm_script
+def test_sbatch_asks_for_sigterm_before_the_time_limit_and_may_be_requeued() -> None:
+    lines = SLURM_SCRIPT.read_text().splitlines()
+    assert "#SBATCH --requeue" in lines
+    assert [line for line in lines if line.startswith("#SBATCH --signal=")] == ["#SBATCH --signal=B:TERM@120"]
+
+
+@needs_slurm_script
+def test_slurm_passes_sigterm_on_to_the_training_and_requeues_the_job(launcher: Launcher, tmp_path: Path) -> None:
+    """What SLURM does before a time limit (--signal=B:TERM) or on preemption: the job comes back and resumes."""
+    started = tmp_path / "srun-started"
+    env = {**launcher.env, **SLURM_ENV, "FAKE_SRUN_UNTIL_TERM": str(started)}
+    job = subprocess.Popen(["bash", str(SLURM_SCRIPT)], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    for _ in range(600):
+        if started.exists() or job.poll() is not None:
+            break
+        time.sleep(0.05)
+    assert started.exists(), job.communicate(timeout=30)
+    job.send_signal(signal.SIGTERM)
+    _, stderr = job.communicate(timeout=30)
+    assert job.returncode == 0, stderr
+    calls = launcher.calls()
+    assert {"program": "srun", "signal": "TERM"} in calls, "the training never got the signal"
+    assert (calls[-1]["program"], calls[-1]["argv"]) == ("scontrol", ["requeue", "4242"])
+    assert "job 4242 requeued: it resumes from the newest checkpoint in output_dir" in stderr
+
+
+@needs_slurm_script
+def test_slurm_job_whose_training_fails_ends_with_an_error_line(launcher: Launcher) -> None:
+    result = launcher.run(SLURM_SCRIPT, **SLURM_ENV, FAKE_SRUN_STATUS="3")
+    assert result.returncode != 0
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line == "error: srun ended with status 3 (the training's own error is above)"
+    assert "requeue" not in json.dumps(launcher.calls())
