@@ -98,7 +98,7 @@ def test_resolve_device_settings_picks_precision_device_and_backend(
 ) -> None:
     monkeypatch.setenv("WORLD_SIZE", str(world_size))
     if expected is None:
-        with pytest.raises(ValueError, match="--mixed_precision"):
+        with pytest.raises(ConfigError, match="--mixed_precision"):
             resolve_device_settings(mixed_precision, cuda_available=cuda, bf16_supported=bf16_ok)
         return
     settings = resolve_device_settings(mixed_precision, cuda_available=cuda, bf16_supported=bf16_ok)
@@ -108,7 +108,7 @@ def test_resolve_device_settings_picks_precision_device_and_backend(
 
 
 def test_bf16_on_a_gpu_that_only_emulates_it_is_refused_naming_the_alternatives() -> None:
-    with pytest.raises(ValueError, match=r"^--mixed_precision bf16: this GPU has no native bf16 .* use "
+    with pytest.raises(ConfigError, match=r"^--mixed_precision bf16: this GPU has no native bf16 .* use "
                                          r"--mixed_precision fp16 or auto$"):
         resolve_device_settings("auto", bf16=True, cuda_available=True, bf16_supported=False)
 
@@ -172,10 +172,10 @@ def test_rank_zero_prepares_data_before_every_other_rank_even_on_other_nodes(mon
 
 
 def test_fp16_on_cpu_is_refused_with_a_message_naming_mixed_precision() -> None:
-    with pytest.raises(ValueError, match=r"--mixed_precision fp16 needs a CUDA GPU.*--mixed_precision no"):
+    with pytest.raises(ConfigError, match=r"--mixed_precision fp16 needs a CUDA GPU.*--mixed_precision no"):
         resolve_device_settings("auto", fp16=True, cuda_available=False)
     # --use_cpu on a GPU machine is CPU too.
-    with pytest.raises(ValueError, match="--mixed_precision fp16 needs a CUDA GPU"):
+    with pytest.raises(ConfigError, match="--mixed_precision fp16 needs a CUDA GPU"):
         resolve_device_settings("fp16", use_cpu=True, cuda_available=True, bf16_supported=True)
 
 
@@ -186,13 +186,13 @@ def test_use_cpu_wins_over_an_available_gpu(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_fp16_and_bf16_together_are_refused() -> None:
-    with pytest.raises(ValueError, match="--fp16 and --bf16 are both set"):
+    with pytest.raises(ConfigError, match="--fp16 and --bf16 are both set"):
         resolve_device_settings("auto", fp16=True, bf16=True, cuda_available=True, bf16_supported=True)
 
 
 @pytest.mark.parametrize(("mixed_precision", "flags"), [("bf16", "fp16"), ("no", "fp16"), ("fp16", "bf16")])
 def test_explicit_precision_flag_contradicting_mixed_precision_is_refused(mixed_precision: str, flags: str) -> None:
-    with pytest.raises(ValueError, match=f"--{flags} contradicts --mixed_precision {mixed_precision}"):
+    with pytest.raises(ConfigError, match=f"--{flags} contradicts --mixed_precision {mixed_precision}"):
         resolve_device_settings(
             mixed_precision, fp16=flags == "fp16", bf16=flags == "bf16", cuda_available=True, bf16_supported=True
         )
@@ -206,7 +206,7 @@ def test_explicit_precision_flag_wins_over_auto_and_agrees_with_its_own_name() -
 
 
 def test_unknown_mixed_precision_is_refused() -> None:
-    with pytest.raises(ValueError, match="--mixed_precision 'fp32': use auto, bf16, fp16 or no"):
+    with pytest.raises(ConfigError, match="--mixed_precision 'fp32': use auto, bf16, fp16 or no"):
         resolve_device_settings("fp32", cuda_available=False)
 
 

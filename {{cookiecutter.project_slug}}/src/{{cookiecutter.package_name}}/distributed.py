@@ -44,12 +44,12 @@ def resolve_device_settings(
     there it silently runs in fp32.
     """
     if mixed_precision not in ("auto", "bf16", "fp16", "no"):
-        raise ValueError(f"--mixed_precision {mixed_precision!r}: use auto, bf16, fp16 or no")
+        raise ConfigError(f"--mixed_precision {mixed_precision!r}: use auto, bf16, fp16 or no")
     if fp16 and bf16:
-        raise ValueError("--fp16 and --bf16 are both set; pick one (or use --mixed_precision)")
+        raise ConfigError("--fp16 and --bf16 are both set; pick one (or use --mixed_precision)")
     explicit = "fp16" if fp16 else "bf16" if bf16 else None
     if explicit and mixed_precision not in ("auto", explicit):
-        raise ValueError(f"--{explicit} contradicts --mixed_precision {mixed_precision}; pass only one of them")
+        raise ConfigError(f"--{explicit} contradicts --mixed_precision {mixed_precision}; pass only one of them")
 
     if cuda_available is None:
         cuda_available = torch.cuda.is_available()
@@ -62,13 +62,13 @@ def resolve_device_settings(
             # Without emulation: V100 and T4 "support" bf16 only by emulating it, slowly.
             bf16_supported = torch.cuda.is_bf16_supported(including_emulation=False)
         if precision == "bf16" and not bf16_supported:
-            raise ValueError("--mixed_precision bf16: this GPU has no native bf16 (V100 and T4 only emulate it, "
+            raise ConfigError("--mixed_precision bf16: this GPU has no native bf16 (V100 and T4 only emulate it, "
                              "slowly); use --mixed_precision fp16 or auto")
         precision = "bf16" if bf16_supported else "fp16"
     if precision == "auto":  # on CPU
         precision = "no"
     if precision == "fp16" and not on_gpu:
-        raise ValueError(
+        raise ConfigError(
             "--mixed_precision fp16 needs a CUDA GPU: on CPU it would silently run in fp32; "
             "use --mixed_precision no (or bf16)"
         )

@@ -91,11 +91,8 @@ def setup_distributed(args: TrainingArguments) -> DistributedEnv:
     rank, local_rank, world_size = (int(os.environ.get(name, default)) for name, default in (
         ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")))
     device = select_device(args.use_cpu)  # pinned first: precision support is read from it
-    try:
-        settings = resolve_device_settings(args.mixed_precision, fp16=args.fp16, bf16=args.bf16,
-                                           use_cpu=device.type == "cpu", ddp_backend=args.ddp_backend)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    settings = resolve_device_settings(args.mixed_precision, fp16=args.fp16, bf16=args.bf16,
+                                       use_cpu=device.type == "cpu", ddp_backend=args.ddp_backend)
     if args.tf32 is not None and device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
     if world_size > 1:

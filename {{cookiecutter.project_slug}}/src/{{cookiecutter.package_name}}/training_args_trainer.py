@@ -65,11 +65,8 @@ class TrainingArguments(transformers.TrainingArguments):
         # machine the Trainer trains each rank alone unless use_cpu is set, and gloo alone does not
         # make the ranks synchronise gradients.
         device = select_device(self.use_cpu)  # pinned first: precision support is read from it
-        try:
-            settings = resolve_device_settings(self.mixed_precision, fp16=self.fp16, bf16=self.bf16,
-                                               use_cpu=device.type == "cpu", ddp_backend=self.ddp_backend)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
+        settings = resolve_device_settings(self.mixed_precision, fp16=self.fp16, bf16=self.bf16,
+                                           use_cpu=device.type == "cpu", ddp_backend=self.ddp_backend)
         self.use_cpu = settings.use_cpu
         self.ddp_backend = settings.ddp_backend
         self.fp16 = settings.precision == "fp16"
