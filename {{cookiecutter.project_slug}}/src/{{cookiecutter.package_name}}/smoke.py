@@ -11,6 +11,7 @@ import json
 import random
 from pathlib import Path
 
+import transformers
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -85,6 +86,7 @@ def main() -> None:
     parser.add_argument("--eval_size", type=int, default=101, help="odd on purpose: tests exact eval counts")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    transformers.utils.logging.disable_progress_bar()  # no "Writing model shards" bar in logs
     path = make_smoke_assets(args.output_dir, args.train_size, args.eval_size, args.seed)
     print(f"smoke assets written to {path}/")
 
