@@ -63,7 +63,9 @@ def project_copy(project, tmp_path) -> Path:
 def make(project: Path, *args: str, env: dict[str, str] | None = None, timeout: int = 60):
     executable = shutil.which("make")
     assert executable, "make is missing: the generated README's first command needs it"
-    environment = {name: value for name, value in os.environ.items() if name not in {"PYTHON", "MAKEFLAGS"}}
+    # Nothing from the caller's make (make test runs this) or its settings (.ci/run sets TORCH_INDEX_URL).
+    ignored = {"PYTHON", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "TORCH_INDEX_URL"}
+    environment = {name: value for name, value in os.environ.items() if name not in ignored}
     environment.update(env or {})
     return subprocess.run(
         [executable, "--no-print-directory", *args], cwd=project, env=environment,
