@@ -68,6 +68,7 @@ KEPT_ONLY_WHEN = {
     ("training_loop", "native"): (
         "src/{package}/batching.py",
         "src/{package}/checkpoint.py",
+        "src/{package}/meter.py",
         "tests/test_batching.py",
         "tests/test_native_loop.py",
     ),

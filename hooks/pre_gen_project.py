@@ -29,12 +29,13 @@ ANSWERS_JSON = r'''{{ cookiecutter | tojson }}'''  # fmt: skip
 
 TRAINING_LOOPS = ("trainer", "native")
 MIXED_PRECISIONS = ("auto", "bf16", "fp16", "no")
+EXPERIMENT_TRACKERS = ("none", "tensorboard", "wandb", "mlflow")
 
 # Modules the rendered project imports, directly or through its dependencies; a
 # package of the same name under src/ would be imported in their place.
 SHADOWED_MODULES = frozenset(
-    "accelerate datasets huggingface_hub numpy pytest safetensors test tests"
-    " tokenizers torch transformers yaml".split()
+    "accelerate datasets huggingface_hub mlflow numpy pytest safetensors tensorboard test"
+    " tests tokenizers torch transformers wandb yaml".split()
 )
 
 SLUG_RE = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
@@ -187,6 +188,7 @@ VALIDATORS: dict[str, Callable[[object], str | None]] = {
     "model_name_or_path": partial(check_word, rule=hub_id_or_path_problem, accepted=HUB_ID_OR_PATH_ACCEPTED),
     "dataset_name": partial(check_word, rule=hub_id_or_path_problem, accepted=HUB_ID_OR_PATH_ACCEPTED),
     "text_column": partial(check_word, rule=column_problem, accepted=COLUMN_ACCEPTED),
+    "text_pair_column": lambda value: None if value == "" else check_word(value, column_problem, COLUMN_ACCEPTED),
     "label_column": partial(check_word, rule=column_problem, accepted=COLUMN_ACCEPTED),
     "nproc_per_node": check_nproc_per_node,
     "nnodes": partial(check_whole_number, low=1, high=None, accepted=NNODES_ACCEPTED),
@@ -194,15 +196,19 @@ VALIDATORS: dict[str, Callable[[object], str | None]] = {
         check_whole_number, low=PORT_RANGE[0], high=PORT_RANGE[1], accepted=PORT_ACCEPTED
     ),
     "mixed_precision": partial(check_choice, choices=MIXED_PRECISIONS),
+    "experiment_tracker": partial(check_choice, choices=EXPERIMENT_TRACKERS),
     "include_slurm": check_boolean,
     "include_kubernetes": check_boolean,
 }
 
 
 def check_combinations(answers: Mapping[str, object]) -> tuple[str, str] | None:
-    """Refuse answers that are each valid but cannot work together: only text_column ==
-    label_column, which would feed the model its own labels. Precision is settled at
+    """Refuse answers that are each valid but cannot work together: columns that repeat each
+    other, which would feed the model its own labels or one text twice. Precision is settled at
     run time, and every launcher works with any number of processes and nodes."""
+    pair = answers["text_pair_column"]
+    if pair in (answers["text_column"], answers["label_column"]):
+        return "text_pair_column", f"{show(pair)} is already the text or label column; name the second text's column"
     if answers["text_column"] != answers["label_column"]:
         return None
     same = f"is the same column as text_column ({show(answers['text_column'])})"

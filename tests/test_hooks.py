@@ -51,7 +51,7 @@ def cases(table: dict[str, list]) -> list:
 # fmt: off
 SHADOWING_NAMES = [
     "torch", "transformers", "datasets", "accelerate", "tokenizers", "test", "tests",
-    "numpy", "yaml", "json", "logging", "typing", "code",
+    "numpy", "yaml", "json", "logging", "typing", "code", "wandb", "mlflow", "tensorboard",
 ]
 # fmt: on
 
@@ -75,11 +75,13 @@ GOOD_ANSWERS = {
     ],
     "dataset_name": ["imdb", "stanfordnlp/sst2", "./data/reviews"],
     "text_column": ["text", "sentence1", "_t", "Review"],
+    "text_pair_column": ["", "sentence2", "hypothesis"],
     "label_column": ["label", "Label", "y"],
     "nproc_per_node": ["auto", "1", "8", "1024", 8],
     "nnodes": ["1", "2", "512", 4],
     "master_port": ["1024", "29500", "65535"],
     "mixed_precision": ["auto", "bf16", "fp16", "no"],
+    "experiment_tracker": ["none", "tensorboard", "wandb", "mlflow"],
     "include_slurm": [True, False],
     "include_kubernetes": [True, False],
 }
@@ -175,6 +177,7 @@ BAD_ANSWERS = {
         ("ü", "contains 'ü'"),
     ],
     "label_column": [("", "is empty"), ("la bel", "contains whitespace")],
+    "text_pair_column": [("second text", "contains whitespace"), ("2nd", "starts with a digit"), (None, "is not text")],
     "nproc_per_node": [
         ("0", "below 1"),
         ("1025", "above 1024"),
@@ -212,6 +215,12 @@ BAD_ANSWERS = {
         ("FP16", "is not a choice"),
         ("", "is not a choice"),
     ],
+    "experiment_tracker": [
+        ("comet", "is not a choice"),
+        ("WandB", "is not a choice"),
+        ("", "is not a choice"),
+        (None, "is not a choice"),
+    ],
     "include_slurm": [
         ("no", "not a boolean"),
         ("yes", "not a boolean"),
@@ -238,6 +247,7 @@ def test_validator_choices_are_the_choices_in_cookiecutter_json():
     config = cookiecutter_json()
     assert list(pre_gen.TRAINING_LOOPS) == config["training_loop"]
     assert list(pre_gen.MIXED_PRECISIONS) == config["mixed_precision"]
+    assert list(pre_gen.EXPERIMENT_TRACKERS) == config["experiment_tracker"]
     assert list(post_gen.TRAINING_LOOPS) == config["training_loop"]
 
 
@@ -261,6 +271,16 @@ def test_validator_refuses_with_a_one_line_reason_and_what_is_accepted(
     assert wrong and accepted, message
     line = f"ERROR: {variable}: {message}"
     assert line.isprintable() and len(line) <= 200, line
+
+
+@pytest.mark.parametrize("pair", ["review", "stars"])
+def test_the_pair_column_must_differ_from_the_text_and_label_columns(default_answers, pair):
+    answers = {**default_answers, "text_column": "review", "label_column": "stars", "text_pair_column": pair}
+    variable, message = pre_gen.check_combinations(answers)
+    assert variable == "text_pair_column"
+    assert message == f"'{pair}' is already the text or label column; name the second text's column"
+    assert pre_gen.check_combinations({**answers, "text_pair_column": "summary"}) is None
+    assert pre_gen.check_combinations({**answers, "text_pair_column": ""}) is None
 
 
 def test_text_and_label_column_must_differ(default_answers):
@@ -379,6 +399,7 @@ BAD_RENDERS = {
 BAD_REPLAYS = {
     "training-loop-unknown": ({"training_loop": "keras"}, "training_loop"),
     "mixed-precision-unknown": ({"mixed_precision": "fp8"}, "mixed_precision"),
+    "experiment-tracker-unknown": ({"experiment_tracker": "comet"}, "experiment_tracker"),
     "include-slurm-string": ({"include_slurm": "no"}, "include_slurm"),
     "include-kubernetes-string": ({"include_kubernetes": "no"}, "include_kubernetes"),
     "nnodes-negative": ({"nnodes": "-1"}, "nnodes"),

@@ -221,6 +221,15 @@ def test_command_line_answers_are_jinja_to_cookiecutter(render, tmp_path):
     assert "Model 42" in (project / "README.md").read_text(encoding="utf-8")
 
 
+def test_a_pair_column_answer_reaches_the_real_configs_and_the_readme(render, tmp_path):
+    project = render(tmp_path, {"text_column": "premise", "text_pair_column": "hypothesis"})
+    for name in ("default.yaml", "local_files.yaml"):
+        config = yaml.safe_load((project / "configs" / name).read_text(encoding="utf-8"))
+        assert (config["text_column"], config["text_pair_column"]) == ("premise", "hypothesis"), name
+    readme = (project / "README.md").read_text(encoding="utf-8")
+    assert "--text_column premise --text_pair_column hypothesis --label_column" in readme
+
+
 def test_yaml_look_alike_answers_stay_strings_in_the_config(render, tmp_path):
     answers = {
         "model_name_or_path": "True",

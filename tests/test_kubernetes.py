@@ -252,6 +252,8 @@ def run_multi_node_script(project: Path, tmp_path: Path, *arguments: str) -> str
         "NPROC_PER_NODE": "2",  # a number: 'auto' would import torch to count GPUs
         # The TrainJob meets as the script's static rendezvous does: at PET_MASTER_ADDR, by PET_NODE_RANK.
         "RDZV_BACKEND": "static",
+        # The TrainJob starts torchrun itself, without the script's preflight check in one process.
+        "PREFLIGHT": "0",
     }
     result = subprocess.run(
         ["bash", "scripts/train_multi_node.sh", *arguments],

@@ -62,12 +62,14 @@ class Combination(NamedTuple):
     include_slurm: bool
     mixed_precision: str
     include_kubernetes: bool = False
+    experiment_tracker: str = "none"
 
     @property
     def id(self) -> str:
         slurm = "slurm" if self.include_slurm else "no-slurm"
         kubernetes = "-k8s" if self.include_kubernetes else ""
-        return f"{self.training_loop}-{slurm}-{self.mixed_precision}{kubernetes}"
+        tracker = "" if self.experiment_tracker == "none" else f"-{self.experiment_tracker}"
+        return f"{self.training_loop}-{slurm}-{self.mixed_precision}{kubernetes}{tracker}"
 
     @property
     def answers(self) -> dict[str, object]:
@@ -90,6 +92,13 @@ SUITE_RUNS = [
     Combination("trainer", True, "auto"),
     Combination("native", False, "auto"),
 ]
+# The tracker only adds a dependency, a config line and a README section: one render for each
+# tracker but none (the default of every render above), the loops and file sets mixed.
+TRACKER_RUNS = [
+    Combination("native", False, "auto", experiment_tracker="tensorboard"),
+    Combination("trainer", True, "bf16", include_kubernetes=True, experiment_tracker="wandb"),
+    Combination("native", True, "no", experiment_tracker="mlflow"),
+]
 
 
 def combination_params(combinations: list[Combination]) -> list:
@@ -108,6 +117,9 @@ COMMON_FILES = {
     "configs/default.yaml",
     "configs/local_files.yaml",
     "configs/smoke.yaml",
+    "configs/smoke_multilabel.yaml",
+    "configs/smoke_pairs.yaml",
+    "configs/smoke_regression.yaml",
     "pyproject.toml",
     "scripts/_common.sh",
     "scripts/train_multi_node.sh",
@@ -119,15 +131,23 @@ COMMON_FILES = {
     f"src/{PACKAGE}/doctor.py",
     f"src/{PACKAGE}/metrics.py",
     f"src/{PACKAGE}/modeling.py",
+    f"src/{PACKAGE}/predict.py",
+    f"src/{PACKAGE}/preflight.py",
     f"src/{PACKAGE}/smoke.py",
+    f"src/{PACKAGE}/tracking.py",
     "tests/conftest.py",
     "tests/crash_once.py",
     "tests/test_ddp.py",
     "tests/test_doctor.py",
     "tests/test_launch_end_to_end.py",
     "tests/test_preemption.py",
+    "tests/test_preflight.py",
     "tests/test_restarts.py",
+    "tests/test_results.py",
     "tests/test_scripts.py",
+    "tests/test_tasks.py",
+    "tests/test_task_types.py",
+    "tests/test_tracking.py",
     "tests/test_units.py",
 }
 # Each is <name>_<loop>.py in the template; post-gen keeps the chosen loop's as <name>.py.
@@ -140,6 +160,7 @@ PER_LOOP_FILES = {
 NATIVE_ONLY_FILES = {
     f"src/{PACKAGE}/batching.py",
     f"src/{PACKAGE}/checkpoint.py",
+    f"src/{PACKAGE}/meter.py",
     "tests/test_batching.py",
     "tests/test_native_loop.py",
 }
@@ -214,7 +235,16 @@ def test_supported_combinations_cover_every_choice_product_and_file_set(default_
         assert pre_gen.find_first_problem(answers) is None, combo.id
 
 
-@pytest.mark.parametrize("combo", combination_params(SUPPORTED))
+def test_tracker_runs_cover_every_tracker_and_the_others_take_none(default_answers):
+    trackers = cookiecutter_json()["experiment_tracker"]
+    assert trackers[0] == default_answers["experiment_tracker"] == "none"
+    assert {combo.experiment_tracker for combo in SUPPORTED} == {"none"}
+    assert [combo.experiment_tracker for combo in TRACKER_RUNS] == trackers[1:]
+    for combo in TRACKER_RUNS:
+        assert pre_gen.find_first_problem(recorded_answers(combo, default_answers)) is None, combo.id
+
+
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED + TRACKER_RUNS))
 def test_render_has_exactly_the_expected_files(rendered, combo):
     project = rendered(combo)
     assert project.name == SLUG
@@ -259,7 +289,7 @@ LEFTOVER_RE = re.compile(
 )
 
 
-@pytest.mark.parametrize("combo", combination_params(SUPPORTED))
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED + TRACKER_RUNS))
 def test_no_unrendered_template_text(rendered, combo):
     project = rendered(combo)
     found = {}
@@ -287,7 +317,7 @@ def test_template_python_file_parses_before_rendering(name):
     ast.parse(source, filename=name)
 
 
-@pytest.mark.parametrize("combo", combination_params(SUPPORTED))
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED + TRACKER_RUNS))
 def test_python_is_ruff_clean_with_the_projects_own_config(rendered, combo):
     project = rendered(combo)
     pyproject = tomllib.loads((project / "pyproject.toml").read_text(encoding="utf-8"))
@@ -325,14 +355,41 @@ def test_pyproject_parses_and_names_the_project(rendered, combo):
     assert pyproject["project"]["description"] == BASE_ANSWERS["description"]
 
 
-@pytest.mark.parametrize("combo", combination_params(SUPPORTED))
+# Each tracker's packages; mlflow's SQLite store needs sqlalchemy and alembic.
+TRACKER_PACKAGES = {
+    "tensorboard": ["tensorboard"],
+    "wandb": ["wandb"],
+    "mlflow": ["mlflow-skinny", "sqlalchemy", "alembic"],
+}
+
+
+def requirement_names(requirements: list[str]) -> list[str]:
+    return [re.match(r"[A-Za-z0-9._-]+", requirement).group() for requirement in requirements]
+
+
+@pytest.mark.parametrize("combo", combination_params([SUITE_RUNS[1], *TRACKER_RUNS]))
+def test_the_chosen_trackers_packages_are_dependencies_and_every_tracker_an_extra(rendered, combo):
+    # `make install` and the README's `pip install -e ".[dev]"` then bring the chosen one.
+    pyproject = tomllib.loads((rendered(combo) / "pyproject.toml").read_text(encoding="utf-8"))
+    project = pyproject["project"]
+    every_tracker_package = {name for names in TRACKER_PACKAGES.values() for name in names}
+    dependencies = requirement_names(project["dependencies"])
+    assert [name for name in dependencies if name in every_tracker_package] == TRACKER_PACKAGES.get(
+        combo.experiment_tracker, []
+    )
+    extras = project["optional-dependencies"]
+    assert {tracker: requirement_names(extras[tracker]) for tracker in TRACKER_PACKAGES} == TRACKER_PACKAGES
+
+
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED + TRACKER_RUNS))
 def test_configs_parse_and_default_yaml_holds_the_answers(rendered, combo):
     project = rendered(combo)
     configs = {
         path.name: yaml.safe_load(path.read_text(encoding="utf-8"))
         for path in sorted((project / "configs").glob("*.yaml"))
     }
-    assert set(configs) == {"default.yaml", "local_files.yaml", "smoke.yaml"}
+    assert set(configs) == {"default.yaml", "local_files.yaml", "smoke.yaml", "smoke_multilabel.yaml",
+                            "smoke_pairs.yaml", "smoke_regression.yaml"}
     assert all(isinstance(config, dict) for config in configs.values())
     answer_keys = [
         "model_name_or_path",
@@ -345,6 +402,11 @@ def test_configs_parse_and_default_yaml_holds_the_answers(rendered, combo):
     assert {key: default[key] for key in answer_keys} == {
         key: combo.answers[key] for key in answer_keys
     }
+    # No second text column was given: no pair line, single texts.
+    assert "text_pair_column" not in default and "text_pair_column" not in configs["local_files.yaml"]
+    # The tracker answer as report_to; none is the flag's default, so no line at all.
+    assert default.get("report_to", "none") == combo.experiment_tracker
+    assert "report_to" not in configs["smoke.yaml"]
     # local_files.yaml: the same real run, on local files, into its own output_dir.
     local_files = {**default, "output_dir": "outputs/local_files"}
     del local_files["dataset_name"]
@@ -365,19 +427,27 @@ README_TEXT_ONLY_FOR = {
     ("training_loop", "native"): [
         "`batching.py`",
         "`checkpoint.py`",
+        "`meter.py`",
         "the `GradScaler` skipped",
         "any other is refused by the parser",
     ],
+    ("experiment_tracker", "tensorboard"): ["tensorboard --logdir", "TENSORBOARD_LOGGING_DIR"],
+    ("experiment_tracker", "wandb"): ["wandb sync", "WANDB_MODE", "offline-run-"],
+    ("experiment_tracker", "mlflow"): ["mlflow ui", "MLFLOW_TRACKING_URI", "mlflow.db"],
 }
+# Any tracker's; with none, the options table only lists --report_to's values.
+TRACKER_SECTION_TEXT = ["## Experiment tracking", "tracking.py` sets only where you have not"]
 
 
-@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS))
+@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS + TRACKER_RUNS))
 def test_readme_and_folders_hold_nothing_for_an_answer_not_chosen(rendered, combo):
     readme = (rendered(combo) / "README.md").read_text(encoding="utf-8")
     for (variable, value), strings in README_TEXT_ONLY_FOR.items():
         chosen = getattr(combo, variable) == value
         found = [text for text in strings if text in readme]
         assert found == (strings if chosen else []), (variable, value)
+    tracked = combo.experiment_tracker != "none"
+    assert [text for text in TRACKER_SECTION_TEXT if text in readme] == (TRACKER_SECTION_TEXT if tracked else [])
     # logs/, where the sbatch script writes, and its .gitignore lines only with SLURM.
     project = rendered(combo)
     assert (project / "logs").is_dir() == combo.include_slurm
@@ -385,7 +455,7 @@ def test_readme_and_folders_hold_nothing_for_an_answer_not_chosen(rendered, comb
     assert ("logs/" in gitignore) == combo.include_slurm
 
 
-@pytest.mark.parametrize("combo", combination_params(SUPPORTED))
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED + TRACKER_RUNS))
 def test_recorded_answers_are_the_answers_without_local_paths(
     rendered, combo, default_answers
 ):

@@ -164,6 +164,24 @@ resolve_launch_settings() {
   disable_shared_rendezvous_store
 }
 
+# preflight WORLD_SIZE ARGS...: check the settings and the data in one process
+# before torchrun starts any worker (python -m PACKAGE.preflight), so that a bad
+# setting ends with one error line instead of one per worker and torchrun's
+# traceback. Only for the train module; PREFLIGHT=0 skips it.
+preflight() {
+  local world_size="$1" status=0
+  shift
+  if [[ "$MODULE" != "$PACKAGE_NAME.train" || "${PREFLIGHT:-1}" == 0 ]]; then
+    return 0
+  fi
+  PREFLIGHT_WORLD_SIZE="$world_size" "$PYTHON" -m "$PACKAGE_NAME.preflight" "$@" || status=$?
+  if (( status == 2 )); then
+    exit 2  # a bad setting: preflight printed its error line
+  elif (( status != 0 )); then
+    die "the preflight check ($PYTHON -m $PACKAGE_NAME.preflight) failed with status $status: nothing was started"
+  fi
+}
+
 # Prints the command on stderr, then replaces this shell with it so that
 # signals (Ctrl-C, SLURM's SIGTERM) reach torchrun directly.
 show_command() {

@@ -117,6 +117,7 @@ RDZV_ID="${RDZV_ID:-$PACKAGE_NAME}"
   || die "RDZV_ID='$RDZV_ID' is not valid: use letters, digits, '.', '_' and '-' (the same on every node)"
 check_config "$@"
 resolve_launch_settings
+preflight "$((MAX_NODES * NPROC_PER_NODE))" "$@"
 
 cmd=("$PYTHON" -m torch.distributed.run --nnodes="$NNODES")
 if [[ "$RDZV_BACKEND" == c10d ]]; then

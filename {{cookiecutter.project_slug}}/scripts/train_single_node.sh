@@ -42,6 +42,7 @@ fi
 
 check_config "$@"
 resolve_launch_settings
+preflight "$NPROC_PER_NODE" "$@"
 
 # --standalone runs the rendezvous on a free local port, so two runs on one
 # machine do not collide.

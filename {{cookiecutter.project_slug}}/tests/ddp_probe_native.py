@@ -38,6 +38,7 @@ class IndexRecorder:
 
 def main() -> None:
     model_args, data_args, args = config.parse_args(train.TrainingArguments, sys.argv[1:])
+    args.dataloader_num_workers = 0  # the recorder must run in this process, not in a loader worker
     resumed_from = args.resume_from_checkpoint or checkpoint.newest_checkpoint(args.output_dir)
     env = train.setup_distributed(args)
     try:

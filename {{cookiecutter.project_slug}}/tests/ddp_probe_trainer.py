@@ -43,6 +43,7 @@ class ShardRecorder(TrainerCallback):
 
 def main() -> None:
     model_args, data_args, training_args = config.parse_args(train.TrainingArguments, sys.argv[1:])
+    training_args.dataloader_num_workers = 0  # the recorder must run in this process, not in a loader worker
     train.prepare_run(training_args)
     trainer = train.build_trainer(model_args, data_args, training_args)
     recorder = ShardRecorder(trainer.data_collator)

@@ -60,6 +60,7 @@ with open(os.environ["RECORD_FILE"], "a") as record:
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE"),
         "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        "PREFLIGHT_WORLD_SIZE": os.environ.get("PREFLIGHT_WORLD_SIZE"),
     }) + "\\n")
 if program == "scontrol":
     if os.environ.get("FAKE_SCONTROL_STATUS", "0") != "0":
@@ -72,6 +73,10 @@ if program == "scontrol":
     rest = b"".join(names[1:])
     for start in range(0, len(rest), 16384):
         os.write(1, rest[start:start + 16384])
+elif sys.argv[3:4] and sys.argv[3].endswith(".preflight"):  # python -m <package>.preflight
+    if os.environ.get("FAKE_PREFLIGHT_STATUS") == "2":  # a bad setting; other statuses are crashes
+        sys.stderr.write("error: --learning_rate: a bad value\\n")
+    sys.exit(int(os.environ.get("FAKE_PREFLIGHT_STATUS", "0")))
 elif sys.argv[2:3] == ["-c"]:  # the GPU count asked for by NPROC_PER_NODE=auto
     print(os.environ.get("FAKE_GPU_COUNT", "0"))
 elif program == "srun" and os.environ.get("FAKE_SRUN_UNTIL_TERM"):  # a job step that runs until SIGTERM
@@ -130,9 +135,13 @@ class Launcher:
             return []
         return [json.loads(line) for line in self.record_file.read_text().splitlines()]
 
+    def preflight_calls(self) -> list[dict]:
+        return [call for call in self.calls() if call["argv"][:2] == ["-m", f"{PACKAGE_NAME}.preflight"]]
+
     def launch_call(self) -> dict:
-        """The one call that would have started torchrun (the GPU count and scontrol calls left out)."""
-        launches = [call for call in self.calls() if call["argv"][:1] != ["-c"] and call["program"] != "scontrol"]
+        """The one call that would have started torchrun (GPU count, preflight and scontrol calls left out)."""
+        launches = [call for call in self.calls() if call["argv"][:1] != ["-c"] and call["program"] != "scontrol"
+                    and call not in self.preflight_calls()]
         assert len(launches) == 1, launches
         return launches[0]
 
@@ -360,6 +369,45 @@ def test_single_node_runs_standalone_torchrun_with_config_and_flags(launcher: La
         "--run_name",
         "two words",
     ]
+
+
+def test_the_preflight_checks_the_same_arguments_for_the_whole_world_size_first(
+    launcher: Launcher, config_file: str
+) -> None:
+    result = launcher.run("train_single_node.sh", config_file, "--seed", "3", NPROC_PER_NODE="3")
+    assert result.returncode == 0, result.stderr
+    calls = [call for call in launcher.calls() if call["argv"][:1] != ["-c"]]
+    assert [call["argv"][1] for call in calls] == [f"{PACKAGE_NAME}.preflight", "torch.distributed.run"]
+    assert calls[0]["argv"][2:] == [config_file, "--seed", "3"]
+    assert calls[0]["PREFLIGHT_WORLD_SIZE"] == "3"
+
+
+@needs_slurm_script
+def test_multi_node_and_slurm_preflights_count_every_node(launcher: Launcher) -> None:
+    multi_node = {**MULTI_NODE_ENV, "NNODES": "2:4", "NPROC_PER_NODE": "2"}
+    assert launcher.run("train_multi_node.sh", **multi_node).returncode == 0
+    assert launcher.run("train_slurm.sbatch", **{**SLURM_ENV, "NPROC_PER_NODE": "2"}).returncode == 0
+    assert [call["PREFLIGHT_WORLD_SIZE"] for call in launcher.preflight_calls()] == ["8", "4"]
+
+
+@pytest.mark.parametrize("env", [{"PREFLIGHT": "0"}, {"MODULE": f"{PACKAGE_NAME}.doctor"}], ids=["off", "doctor"])
+def test_no_preflight_when_turned_off_or_for_another_module(launcher: Launcher, env: dict) -> None:
+    assert launcher.run("train_single_node.sh", NPROC_PER_NODE="1", **env).returncode == 0
+    assert launcher.preflight_calls() == []
+    launcher.launch_call()  # torchrun still runs
+
+
+@pytest.mark.parametrize("status, last_line", [
+    ("2", "error: --learning_rate: a bad value"),  # a bad setting: the preflight's own line, alone
+    ("1", f"error: the preflight check (python -m {PACKAGE_NAME}.preflight) failed with status 1: nothing was started"),
+])
+def test_a_failed_preflight_starts_nothing(launcher: Launcher, status: str, last_line: str) -> None:
+    result = launcher.run("train_single_node.sh", NPROC_PER_NODE="1", FAKE_PREFLIGHT_STATUS=status)
+    assert result.returncode == int(status)
+    error_lines = [line for line in result.stderr.splitlines() if "error" in line]
+    assert [line.replace(launcher.env["PYTHON"], "python") for line in error_lines] == [last_line]
+    preflights = launcher.preflight_calls()
+    assert [call for call in launcher.calls() if call["argv"][:1] != ["-c"] and call not in preflights] == []
 
 
 def test_src_is_first_on_pythonpath_so_a_checkout_runs_uninstalled(launcher: Launcher) -> None:
@@ -689,7 +737,8 @@ def test_sbatch_gives_each_gpu_a_cpu_for_its_rank_and_one_per_loader_worker() ->
     cpus = [re.fullmatch(r"#SBATCH --cpus-per-gpu=(\d+)", line) for line in directives]
     cpus_per_gpu = [int(match.group(1)) for match in cpus if match]
     assert len(cpus_per_gpu) == 1, directives
-    workers = yaml.safe_load((REPO_ROOT / "configs" / "default.yaml").read_text()).get("dataloader_num_workers", 0)
+    # Unset, the loaders take a rank's share of the CPUs, at most 4 (distributed.default_dataloader_workers).
+    workers = yaml.safe_load((REPO_ROOT / "configs" / "default.yaml").read_text()).get("dataloader_num_workers", 4)
     assert cpus_per_gpu[0] >= 1 + workers
 
 

@@ -36,6 +36,7 @@ OWN_DEFAULTS = {
     "ddp_find_unused_parameters": False,
     "ddp_broadcast_buffers": False,  # None: DDP's own True; these models' buffers never change
     "disable_tqdm": False,  # None: on unless the log level hides it
+    "dataloader_num_workers": None,  # 0: here None sizes the loaders to this process's share of the CPUs
 }
 
 
@@ -82,7 +83,7 @@ def test_a_trainer_only_flag_is_refused_by_the_parser(flags: list[str], capsys: 
 
 
 @pytest.mark.parametrize(("flag", "value"), [
-    ("--report_to", "wandb"),
+    ("--report_to", "comet_ml"),
     ("--optim", "sgd"),
     ("--train_sampling_strategy", "batch_rebalance"),
     ("--lr_scheduler_type", "reduce_lr_on_plateau"),  # its step() wants an eval metric
@@ -127,13 +128,16 @@ def test_help_is_short_and_lists_only_this_loops_flags() -> None:
     assert {name.removeprefix("no_") if name.removeprefix("no_") in fields else name for name in listed} == fields
 
 
-def test_report_to_tensorboard_without_tensorboard_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("tracker", ["tensorboard", "wandb", "mlflow"])
+def test_a_tracker_that_is_not_installed_is_refused_with_its_pip_command(tracker: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *rest: None if name == "tensorboard" else real_find_spec(name, *rest))
-    with pytest.raises(ConfigError, match="--report_to tensorboard: the tensorboard package is not installed; "
-                                          "pip install tensorboard"):
-        parse("--report_to", "tensorboard")
+                        lambda name, *rest: None if name == tracker else real_find_spec(name, *rest))
+    with pytest.raises(ConfigError) as refusal:
+        parse("--report_to", tracker)
+    assert str(refusal.value) == (f"--report_to {tracker}: the {tracker} package is not installed; "
+                                  f'pip install -e ".[{tracker}]" (or leave --report_to at none)')
 
 
 WHOLE_OR_FRACTION = "use a whole number of steps, or a fraction of the run below 1"

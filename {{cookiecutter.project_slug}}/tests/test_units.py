@@ -218,6 +218,26 @@ def test_explicit_ddp_backend_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_device_settings("no", ddp_backend="nccl", cuda_available=True).ddp_backend == "nccl"
 
 
+@pytest.mark.parametrize("cpus, local_world_size, expected", [(2, "2", 0), (2, "1", 1), (16, "8", 1), (64, "8", 4),
+                                                          (96, "1", 4)])
+def test_loader_workers_default_to_this_process_share_of_the_cpus(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, local_world_size: str, expected: int
+) -> None:
+    monkeypatch.setattr(distributed.os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
+    assert distributed.default_dataloader_workers() == expected
+
+
+def test_loader_workers_follow_the_machine_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(distributed.os, "sched_getaffinity", lambda pid: set(range(6)), raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    parse_args = package_module("config").parse_args
+    training_args = package_module("training_args").TrainingArguments
+    data = ["--model_name_or_path", "m", "--train_file", "t.csv", "--output_dir", "out", "--use_cpu", "true"]
+    assert parse_args(training_args, data)[2].dataloader_num_workers == 2
+    assert parse_args(training_args, [*data, "--dataloader_num_workers", "0"])[2].dataloader_num_workers == 0
+
+
 # ---- config: YAML/JSON then flags ---------------------------------------------------------------
 
 REQUIRED = ["--model_name_or_path", "some/model", "--train_file", "train.jsonl"]
@@ -477,10 +497,14 @@ def test_empty_train_labels_are_refused() -> None:
         label_names(raw, "label")
 
 
+def task_of(*names: str, **inputs) -> object:
+    """A single-label Task over these label names (data.Task)."""
+    return package_module("data").Task("single_label_classification", list(names), **inputs)
+
+
 def tokenized(raw: DatasetDict, max_seq_length: int = 512) -> tuple[DatasetDict, list[str]]:
     names = label_names(raw, "label")
-    data_args = DataArguments(train_file="train.jsonl", max_seq_length=max_seq_length)
-    return tokenize_datasets(raw, smoke.build_tokenizer(), data_args, names), names
+    return tokenize_datasets(raw, smoke.build_tokenizer(), task_of(*names, max_seq_length=max_seq_length)), names
 
 
 def test_tokenize_maps_labels_to_ids_in_label_names_order() -> None:
@@ -498,7 +522,8 @@ def test_tokenize_maps_labels_to_ids_in_label_names_order() -> None:
 
 def test_tokenize_keeps_only_model_inputs_and_records_each_length() -> None:
     data, _ = tokenized(in_memory(["a", "b", "a", "b", "a"], ["a"]))
-    assert sorted(data["train"].column_names) == ["attention_mask", "input_ids", "labels", "length", "token_type_ids"]
+    assert sorted(data["train"].column_names) == [
+        "attention_mask", "input_ids", "labels", "length", "token_type_ids", "truncated"]
     # "good" x (i % 5 + 1) plus [CLS] and [SEP].
     assert data["train"]["length"] == [3, 4, 5, 6, 7]
     assert data["train"]["length"] == [len(ids) for ids in data["train"]["input_ids"]]
@@ -509,6 +534,7 @@ def test_tokenize_truncates_at_max_seq_length() -> None:
     data, _ = tokenized(in_memory(["a", "b", "a", "b", "a"], ["a"]), max_seq_length=5)
     assert data["train"]["length"] == [3, 4, 5, 5, 5]
     assert [ids[-1] for ids in data["train"]["input_ids"]] == [tokenizer.sep_token_id] * 5
+    assert data["train"]["truncated"] == [False, False, False, True, True]  # the 5-token one fits exactly
 
 
 # ---- data: collator ----------------------------------------------------------------------------
@@ -580,7 +606,7 @@ def test_training_curves_plot_loss_learning_rate_and_eval_metrics(tmp_path: Path
 
 
 def test_write_metrics_writes_sorted_json(tmp_path: Path) -> None:
-    path = write_metrics(str(tmp_path / "new" / "dir"), dict(f1_macro=0.4, accuracy=0.5, num_examples=6))
+    path = write_metrics(str(tmp_path / "new" / "dir"), dict(f1_macro=0.4, accuracy=0.5, num_examples=6), trained=True)
     assert path == tmp_path / "new" / "dir" / "metrics.json"
     text = path.read_text()
     assert text.endswith("\n")
@@ -588,11 +614,41 @@ def test_write_metrics_writes_sorted_json(tmp_path: Path) -> None:
     assert json.loads(text)["num_examples"] == 6
 
 
+def test_an_evaluation_alone_replaces_eval_figures_and_keeps_the_train_figures(tmp_path: Path) -> None:
+    first = {"train_loss": 0.3, "epoch": 2.0, "eval_accuracy": 0.9, "eval_loss": 0.2}
+    write_metrics(str(tmp_path), first, trained=True)
+    write_metrics(str(tmp_path), {"eval_accuracy": 0.95, "eval_num_examples": 50, "epoch": 0.0}, trained=False)
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {
+        "train_loss": 0.3, "epoch": 2.0, "eval_accuracy": 0.95, "eval_num_examples": 50}
+    write_metrics(str(tmp_path), {"train_loss": 0.1}, trained=True)  # a new training run writes it whole
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {"train_loss": 0.1}
+
+
+def test_a_run_is_finished_when_no_step_is_left_and_its_metrics_are_written(tmp_path: Path) -> None:
+    is_finished = package_module("metrics").is_finished
+    assert not is_finished(str(tmp_path), 0)  # trained to the end, but metrics.json was never written
+    (tmp_path / "metrics.json").write_text("{}\n")
+    assert is_finished(str(tmp_path), 0)
+    assert not is_finished(str(tmp_path), 3)  # e.g. run again with more epochs
+
+
+def test_whole_run_metrics_weigh_each_logged_loss_by_the_steps_it_covers() -> None:
+    metrics = package_module("metrics")
+    history = [{"step": 2, "loss": 1.0}, {"step": 2, "eval_loss": 9.0}, {"step": 3, "loss": 0.4},
+               {"step": 7, "loss": 0.1}]  # windows of 2, 1 and 4 steps, e.g. over a resume at step 3
+    totals = metrics.add_run_totals(metrics.add_run_totals(None, 2.0, 48), 2.0, 64)
+    assert totals == {"train_runtime": 4.0, "train_samples": 112}
+    result = metrics.whole_run_metrics(history, totals, steps=7)
+    assert result["train_loss"] == pytest.approx((2 * 1.0 + 1 * 0.4 + 4 * 0.1) / 7)
+    assert (result["train_steps"], result["train_runtime"]) == (7, 4.0)
+    assert (result["train_samples_per_second"], result["train_steps_per_second"]) == (28.0, 1.75)
+
+
 # ---- modeling ----------------------------------------------------------------------------------
 
 def test_load_model_names_the_labels_and_keeps_a_head_of_the_same_size(smoke_assets: Path) -> None:
     folder = smoke_assets / "tiny-bert"
-    model = load_model(ModelArguments(model_name_or_path=str(folder)), ["negative", "positive"])
+    model = load_model(ModelArguments(model_name_or_path=str(folder)), task_of("negative", "positive"))
     assert model.config.num_labels == 2
     assert model.config.id2label == dict(enumerate(["negative", "positive"]))
     assert model.config.label2id == dict(negative=0, positive=1)
@@ -603,8 +659,9 @@ def test_load_model_names_the_labels_and_keeps_a_head_of_the_same_size(smoke_ass
 def test_checkpoint_with_another_label_count_is_refused_unless_asked_for_a_fresh_head(smoke_assets: Path) -> None:
     folder = smoke_assets / "tiny-bert"
     with pytest.raises(ConfigError, match="--ignore_mismatched_sizes true"):
-        load_model(ModelArguments(model_name_or_path=str(folder)), ["a", "b", "c"])
-    model = load_model(ModelArguments(model_name_or_path=str(folder), ignore_mismatched_sizes=True), ["a", "b", "c"])
+        load_model(ModelArguments(model_name_or_path=str(folder)), task_of("a", "b", "c"))
+    fresh_head = ModelArguments(model_name_or_path=str(folder), ignore_mismatched_sizes=True)
+    model = load_model(fresh_head, task_of("a", "b", "c"))
     assert model.classifier.out_features == 3
     assert model.classifier.weight.shape == (3, 64)
     assert model.config.id2label == dict(enumerate(["a", "b", "c"]))
@@ -619,7 +676,7 @@ def test_load_model_gives_fp32_weights_even_from_a_half_precision_checkpoint(
     half = tmp_path / "tiny-bert-fp16"
     AutoModelForSequenceClassification.from_pretrained(smoke_assets / "tiny-bert").half().save_pretrained(half)
     assert {tensor.dtype for tensor in load_file(half / "model.safetensors").values()} == {torch.float16}
-    model = load_model(ModelArguments(model_name_or_path=str(half)), ["negative", "positive"])
+    model = load_model(ModelArguments(model_name_or_path=str(half)), task_of("negative", "positive"))
     assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}
 
 
@@ -639,7 +696,7 @@ def test_load_tokenizer_from_the_folder_or_tokenizer_name(smoke_assets: Path, tm
 def test_missing_model_path_is_refused(tmp_path: Path, loader) -> None:
     missing = str(tmp_path / "no-such-model")
     args = ModelArguments(model_name_or_path=missing)
-    call = (lambda: loader(args, ["a", "b"])) if loader is load_model else (lambda: loader(args))
+    call = (lambda: loader(args, task_of("a", "b"))) if loader is load_model else (lambda: loader(args))
     with pytest.raises(ConfigError, match=f"--model_name_or_path '{missing}' could not be loaded.*Offline?"):
         call()
 
@@ -647,7 +704,7 @@ def test_missing_model_path_is_refused(tmp_path: Path, loader) -> None:
 def test_missing_smoke_assets_message_says_how_to_create_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # a repo where someone ran the smoke module would have the folder
     with pytest.raises(ConfigError, match=f"Create the smoke assets first: python -m {PACKAGE}.smoke"):
-        load_model(ModelArguments(model_name_or_path="smoke_assets/tiny-bert"), ["a", "b"])
+        load_model(ModelArguments(model_name_or_path="smoke_assets/tiny-bert"), task_of("a", "b"))
     with pytest.raises(ConfigError, match=f"python -m {PACKAGE}.smoke"):
         load_tokenizer(ModelArguments(model_name_or_path="smoke_assets/tiny-bert"))
 
@@ -658,7 +715,7 @@ def test_missing_smoke_assets_hint_also_for_a_dotted_or_absolute_path(
     monkeypatch.chdir(tmp_path)
     for name in ("./smoke_assets/tiny-bert", str(tmp_path / "smoke_assets" / "tiny-bert")):
         with pytest.raises(ConfigError, match=f"python -m {PACKAGE}.smoke"):
-            load_model(ModelArguments(model_name_or_path=name), ["a", "b"])
+            load_model(ModelArguments(model_name_or_path=name), task_of("a", "b"))
 
 
 # ---- smoke assets ------------------------------------------------------------------------------
@@ -712,3 +769,69 @@ def test_conftest_smoke_assets_match_the_shared_sizes(smoke_assets: Path) -> Non
     assert len(read_jsonl(smoke_assets / "train.jsonl")) == TRAIN_SIZE
     assert len(read_jsonl(smoke_assets / "validation.jsonl")) == EVAL_SIZE
 
+
+
+# ---- smoke assets: pairs, regression and multi-label tasks --------------------------------------
+
+TASK_COLUMNS = {
+    "pairs": {"sentence1": str, "sentence2": str, "label": str},
+    "regression": {"text": str, "label": float},  # 1.0, not 1, so datasets reads a float column
+    "multilabel": {"text": str, "labels": list},
+}
+
+
+def sentiment_of(text: str) -> str:
+    words = text.split()
+    positive, negative = sum(w in smoke.POSITIVE for w in words), sum(w in smoke.NEGATIVE for w in words)
+    return "positive" if positive > negative else "negative"
+
+
+@pytest.mark.parametrize("task", list(TASK_COLUMNS))
+def test_smoke_task_files_hold_their_columns_and_types_in_vocabulary(smoke_assets: Path, task: str) -> None:
+    tokenizer = smoke.build_tokenizer()
+    for split, size in (("train", TRAIN_SIZE), ("validation", EVAL_SIZE)):
+        rows = read_jsonl(smoke_assets / task / f"{split}.jsonl")
+        assert len(rows) == size
+        assert all({key: type(value) for key, value in row.items()} == TASK_COLUMNS[task] for row in rows)
+        texts = [" ".join(row[key] for key in ("text", "sentence1", "sentence2") if key in row) for row in rows]
+        assert all(6 <= len(text.split()) <= 40 for text in texts)
+        assert all(tokenizer.unk_token_id not in ids for ids in tokenizer(texts)["input_ids"])
+
+
+def test_smoke_tasks_give_the_same_bytes_for_the_same_arguments(tmp_path: Path) -> None:
+    first, second, other = (smoke.make_smoke_assets(tmp_path / name, 64, 11, seed)
+                            for name, seed in (("a", 0), ("b", 0), ("c", 1)))
+    for name in (f"{task}/{split}.jsonl" for task in TASK_COLUMNS for split in ("train", "validation")):
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+        assert (first / name).read_bytes() != (other / name).read_bytes(), name
+
+
+def test_smoke_pairs_are_balanced_and_sentence1_alone_does_not_tell_the_label(smoke_assets: Path) -> None:
+    rows = read_jsonl(smoke_assets / "pairs" / "train.jsonl")
+    assert sum(row["label"] == "same" for row in rows) == len(rows) // 2
+    for sentiment in ("negative", "positive"):
+        labels = [row["label"] for row in rows if sentiment_of(row["sentence1"]) == sentiment]
+        assert 0.4 < labels.count("same") / len(labels) < 0.6, sentiment
+    # Both sentences together decide it: the label is the comparison of their sentiments.
+    assert all((sentiment_of(row["sentence1"]) == sentiment_of(row["sentence2"])) == (row["label"] == "same")
+               for row in rows)
+
+
+def test_smoke_regression_score_grows_with_the_share_of_positive_words(smoke_assets: Path) -> None:
+    rows = read_jsonl(smoke_assets / "regression" / "train.jsonl")
+    shares = [sum(w in smoke.POSITIVE for w in words) / sum(w in smoke.POSITIVE + smoke.NEGATIVE for w in words)
+              for words in (row["text"].split() for row in rows)]
+    scores = [row["label"] for row in rows]
+    assert min(scores) >= 0.0 and max(scores) <= 5.0
+    assert np.corrcoef(shares, scores)[0, 1] > 0.95
+
+
+def test_smoke_multilabel_has_texts_with_no_topic_and_with_several(smoke_assets: Path) -> None:
+    rows = read_jsonl(smoke_assets / "multilabel" / "train.jsonl")
+    counts = [len(row["labels"]) for row in rows]
+    assert set(counts) == {0, 1, 2, 3}
+    assert counts.count(0) > len(rows) / 10 and sum(count >= 2 for count in counts) > len(rows) / 4
+    # A topic is named exactly when one of its words is in the text.
+    for row in rows:
+        text = set(row["text"].split())
+        assert row["labels"] == [topic for topic, words in smoke.TOPICS.items() if text & set(words)]

@@ -1,7 +1,8 @@
 """The native loop's checkpoints: save (atomically), find, load and rotate.
 
 output_dir/checkpoint-N holds the model and tokenizer (save_pretrained) and training_state.pt: the
-optimizer, schedule, scaler, position in the data, every rank's RNG state and the log history.
+optimizer, schedule, scaler, position in the data, every rank's RNG state, the log history and the
+time trained so far.
 Rank 0 fills tmp-checkpoint-N and renames it in one step, so a folder named checkpoint-N is complete.
 """
 
@@ -90,6 +91,7 @@ def save_checkpoint(job: Job) -> None:
             "labels": job.data.label_names,
             "model_type": job.module.config.model_type,
             "log_history": job.history,
+            "run_totals": job.totals,  # time and examples trained so far, over every leg of the run
         }
         (temporary / BATCH_PLAN).write_text(json.dumps(state["batch_plan"]) + "\n")
         torch.save(state, temporary / TRAINING_STATE)
@@ -126,7 +128,7 @@ def load_checkpoint(job: Job, checkpoint: Path) -> None:
     if job.scaler is not None and state["scaler"] is not None:
         job.scaler.load_state_dict(state["scaler"])
     job.step, job.epoch, job.step_in_epoch = state["global_step"], state["epoch"], state["step_in_epoch"]
-    job.history = state["log_history"]
+    job.history, job.totals = state["log_history"], state.get("run_totals", {})
     if len(state["rng_states"]) == job.env.world_size:  # one per rank; on another world size, fresh streams
         set_rng_state(state["rng_states"][job.env.rank])
 

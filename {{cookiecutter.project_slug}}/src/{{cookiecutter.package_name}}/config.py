@@ -17,6 +17,9 @@ import yaml
 from transformers import HfArgumentParser
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+DATA_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet")
+# transformers' names (PretrainedConfig.problem_type); auto decides from the label column.
+PROBLEM_TYPES = ["auto", "single_label_classification", "multi_label_classification", "regression"]
 
 
 class ConfigError(ValueError):
@@ -54,8 +57,15 @@ class DataArguments:
         default=5,
         metadata={"help": "Percent of train held out if no eval split."},
     )
+    test_file: str | None = field(default=None, metadata={"help": "Rows to predict with --do_predict."})
     text_column: str = field(default="text", metadata={"help": "Column of input text."})
-    label_column: str = field(default="label", metadata={"help": "Column of labels (int or str)."})
+    text_pair_column: str | None = field(default=None, metadata={"help": "Second text, for sentence pairs."})
+    label_column: str = field(default="label", metadata={"help": "Column of labels."})
+    problem_type: str = field(
+        default="auto", metadata={"help": "auto: floats regression, lists multi-label, else single.",
+                                  "choices": PROBLEM_TYPES})
+    label_delimiter: str | None = field(default=None, metadata={"help": "Split text labels on it (multi-label)."})
+    multi_label_threshold: float = field(default=0.5, metadata={"help": "Multi-label: predict above this."})
     max_seq_length: int = field(default=512, metadata={"help": "Longer inputs are truncated."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N train examples."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep the first N eval examples."})
@@ -71,14 +81,33 @@ class DataArguments:
             )
         if self.validation_file is not None and self.train_file is None:
             raise ConfigError(f"--validation_file {self.validation_file} needs --train_file; pass both")
-        for name in ("train_file", "validation_file"):
+        for name in ("train_file", "validation_file", "test_file"):
             path = getattr(self, name)
-            if path is not None and not path.endswith((".csv", ".json", ".jsonl", ".parquet")):
+            if path is not None and not path.endswith(DATA_SUFFIXES):
                 raise ConfigError(f"--{name} {path!r}: unsupported format; use .csv, .json, .jsonl or .parquet")
         if self.max_seq_length < 1:
             raise ConfigError(f"--max_seq_length {self.max_seq_length}: must be >= 1")
+        if self.text_pair_column in (self.text_column, self.label_column):
+            raise ConfigError(f"--text_pair_column {self.text_pair_column}: use a column other than the text and "
+                              "label columns")
+        if not 0 < self.multi_label_threshold < 1:
+            raise ConfigError(f"--multi_label_threshold {self.multi_label_threshold}: must be between 0 and 1")
         if not 0 < self.validation_split_percentage < 100:
             raise ConfigError("--validation_split_percentage must be between 1 and 99")
+
+
+def model_not_found(name: str, reason: str) -> ConfigError:
+    hint = "Offline? Use a local folder made with save_pretrained."
+    if "smoke_assets" in Path(name).parts:
+        hint = f"Create the smoke assets first: python -m {__package__}.smoke"
+    return ConfigError(f"--model_name_or_path {name!r} could not be loaded ({reason}). {hint}")
+
+
+def check_local_path(name: str) -> None:
+    """A missing local-looking path fails at once, instead of after the Hub client's retries."""
+    looks_local = name.startswith((".", "/", "~")) or "smoke_assets" in Path(name).parts
+    if looks_local and not Path(name).expanduser().exists():
+        raise model_not_found(name, "no such folder")
 
 
 def split_config_path(argv: list[str]) -> tuple[Path | None, list[str]]:
@@ -109,6 +138,7 @@ def parse_args(training_args_class: type, argv: list[str] | None = None) -> tupl
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = HfArgumentParser(
         (ModelArguments, DataArguments, training_args_class), usage="%(prog)s [CONFIG] [--flag value ...]",
+        prog=f"python -m {__package__}.train",  # also when the launch scripts' preflight parses the flags
         description="CONFIG is a .yaml, .yml or .json file of flag values; flags after it override it.",
         allow_abbrev=False,  # a mistyped flag is an error, not silently another flag
     )
@@ -132,4 +162,6 @@ def parse_args(training_args_class: type, argv: list[str] | None = None) -> tupl
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (see --help for the flags this loop takes)")
     model_args, data_args, training_args = parsed
+    if training_args.do_predict and data_args.test_file is None:
+        raise ConfigError("--do_predict needs --test_file: the csv, json, jsonl or parquet rows to predict")
     return model_args, data_args, training_args

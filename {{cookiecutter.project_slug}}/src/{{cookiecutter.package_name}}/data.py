@@ -1,59 +1,88 @@
-"""Loading, label mapping and tokenising; shared by both training loops."""
+"""Loading, the task (problem type and labels), and tokenising; shared by both training loops and predict."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import datasets
-from datasets import ClassLabel, Dataset, DatasetDict
-from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
+from datasets import ClassLabel, Dataset, DatasetDict, LargeList, List, Value
+from transformers import DataCollatorWithPadding, PreTrainedConfig, PreTrainedTokenizerBase
 
 from .config import ConfigError, DataArguments
 from .distributed import main_process_first
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels")
 FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+TASK_CONFIG_KEY = "classification_inputs"  # the model's config.json records the Task's inputs under this
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class Task:
+    """What the model learns and which columns it reads. The model's config records it (as_config),
+    so that a saved model predicts on its own: predict.py reads it back with from_config."""
+
+    problem_type: str  # single_label_classification, multi_label_classification or regression
+    label_names: list[str]  # in id order; empty for regression
+    text_column: str = "text"
+    text_pair_column: str | None = None
+    label_column: str = "label"
+    label_delimiter: str | None = None
+    max_seq_length: int = 512  # as used: --max_seq_length, at most the tokenizer's limit
+    multi_label_threshold: float = 0.5
+
+    @property
+    def num_labels(self) -> int:
+        return 1 if self.problem_type == "regression" else len(self.label_names)
+
+    def as_config(self) -> dict:
+        inputs = {key: value for key, value in asdict(self).items() if key not in ("problem_type", "label_names")}
+        return {"problem_type": self.problem_type, TASK_CONFIG_KEY: inputs}
+
+    @classmethod
+    def from_config(cls, config: PreTrainedConfig) -> Task:
+        problem_type = config.problem_type or "single_label_classification"
+        names = [] if problem_type == "regression" else [config.id2label[i] for i in range(config.num_labels)]
+        return cls(problem_type, names, **(getattr(config, TASK_CONFIG_KEY, None) or {}))
+
+
+@dataclass(frozen=True)
 class ClassificationData:
-    train: Dataset  # tokenised, with "labels" and "length" columns
+    task: Task
+    train: Dataset  # tokenised, with "labels", "length" and "truncated" columns (--test_file: predict.py)
     validation: Dataset
-    label_names: list[str]  # in id order
+
+    @property
+    def label_names(self) -> list[str]:
+        return self.task.label_names
 
 
 def load_data(
     data_args: DataArguments, tokenizer: PreTrainedTokenizerBase, cache_dir: str | None, seed: int
 ) -> ClassificationData:
-    """Load, map labels and tokenise. Rank 0 goes first; the others then read its cache."""
-    source = data_args.train_file or data_args.dataset_name
+    """Load, decide the task, tokenise. Rank 0 goes first; the others then read its cache."""
     with main_process_first():
         raw = load_raw_datasets(data_args, cache_dir, seed=seed)
-        names = label_names(raw, data_args.label_column)
-        tokenized = tokenize_datasets(raw, tokenizer, data_args, names)
-    logger.info("data from %s: %d train examples, %d eval examples, labels %s", source, len(tokenized["train"]),
-                len(tokenized["validation"]), names)
-    return ClassificationData(tokenized["train"], tokenized["validation"], names)
+        task = decide_task(raw, data_args, tokenizer.model_max_length)
+        tokenized = tokenize_datasets(DatasetDict(train=raw["train"], validation=raw["validation"]), tokenizer, task)
+    logger.info("data from %s: %s; %s, labels %s", data_args.train_file or data_args.dataset_name,
+                ", ".join(f"{len(split)} {name} examples" for name, split in tokenized.items()),
+                task.problem_type, task.label_names or "none (one value per example)")
+    log_truncation(tokenized, task.max_seq_length)
+    return ClassificationData(task, tokenized["train"], tokenized["validation"])
 
 
 def load_raw_datasets(data_args: DataArguments, cache_dir: str | None = None, seed: int = 42) -> DatasetDict:
-    """Return a DatasetDict with "train" and "validation" from local files or the Hub."""
+    """Return a DatasetDict with "train" and "validation" (and "test" with --test_file) from local files or the Hub."""
     if data_args.train_file is not None:
         files = {"train": data_args.train_file}
         if data_args.validation_file is not None:
             files["validation"] = data_args.validation_file
-        for split, path in files.items():
-            if not Path(path).is_file():
-                raise ConfigError(f"--{split if split == 'train' else 'validation'}_file {path!r} not found")
-        builder = FILE_BUILDERS[Path(data_args.train_file).suffix]
-        try:
-            raw = datasets.load_dataset(builder, data_files=files, cache_dir=cache_dir)
-        except Exception as err:  # datasets raises many types for a malformed file
-            raise ConfigError(f"could not read {', '.join(files.values())} as {builder}: {err}") from None
+        raw = read_files(files, cache_dir)
     else:
         try:
             raw = datasets.load_dataset(
@@ -74,10 +103,14 @@ def load_raw_datasets(data_args: DataArguments, cache_dir: str | None = None, se
             )
             raw["train"], raw["validation"] = held_out["train"], held_out["test"]
     raw = DatasetDict({"train": raw["train"], "validation": raw["validation"]})
+    if data_args.test_file is not None:
+        raw["test"] = read_files({"test": data_args.test_file}, cache_dir)["test"]
 
+    text_flags = [("text_column", data_args.text_column), ("text_pair_column", data_args.text_pair_column)]
     for split, dataset in raw.items():
-        for flag, column in (("text_column", data_args.text_column), ("label_column", data_args.label_column)):
-            if column not in dataset.column_names:
+        label_flag = [] if split == "test" else [("label_column", data_args.label_column)]
+        for flag, column in text_flags + label_flag:
+            if column is not None and column not in dataset.column_names:
                 raise ConfigError(
                     f"--{flag} {column!r} is not a column of the {split} split; "
                     f"columns are: {', '.join(dataset.column_names)}"
@@ -89,48 +122,139 @@ def load_raw_datasets(data_args: DataArguments, cache_dir: str | None = None, se
     return raw
 
 
-def label_names(raw: DatasetDict, label_column: str) -> list[str]:
+def read_files(files: dict[str, str], cache_dir: str | None = None, flag: str | None = None) -> DatasetDict:
+    """Local csv/json/jsonl/parquet files, one per split; the first file's suffix picks the reader.
+    A missing file is named by its flag: --<split>_file, or `flag`."""
+    for split, path in files.items():
+        if not Path(path).is_file():
+            raise ConfigError(f"{flag or f'--{split}_file'} {path!r} not found")
+    builder = FILE_BUILDERS[Path(next(iter(files.values()))).suffix]
+    try:
+        return datasets.load_dataset(builder, data_files=files, cache_dir=cache_dir)
+    except Exception as err:  # datasets raises many types for a malformed file
+        raise ConfigError(f"could not read {', '.join(files.values())} as {builder}: {err}") from None
+
+
+def decide_task(raw: DatasetDict, data_args: DataArguments, model_max_length: int | None = None) -> Task:
+    """The problem type (--problem_type, or what the label column holds) and the label names."""
+    feature = raw["train"].features[data_args.label_column]
+    problem_type = data_args.problem_type
+    if problem_type == "auto":
+        problem_type = ("multi_label_classification" if data_args.label_delimiter or is_list(feature)
+                        else "regression" if isinstance(feature, Value) and feature.dtype.startswith("float")
+                        else "single_label_classification")
+        logger.info("--problem_type auto: %s, from the %s labels of --label_column %s", problem_type,
+                    "split" if data_args.label_delimiter else feature, data_args.label_column)
+    if problem_type == "regression":
+        if not (isinstance(feature, Value) and feature.dtype.startswith(("float", "int", "uint"))):
+            raise ConfigError(f"--problem_type regression needs numbers in --label_column {data_args.label_column}; "
+                              f"it holds {feature}")
+        names = []
+    else:
+        names = label_names(raw, data_args.label_column, problem_type, data_args.label_delimiter)
+    return Task(problem_type, names, data_args.text_column, data_args.text_pair_column, data_args.label_column,
+                data_args.label_delimiter, min(data_args.max_seq_length, model_max_length or data_args.max_seq_length),
+                data_args.multi_label_threshold)
+
+
+def is_list(feature: object) -> bool:
+    return isinstance(feature, (List, LargeList))
+
+
+def label_sets(values: list, delimiter: str | None) -> list[list[str]]:
+    """Each example's labels, as strings: a list column, or text split on --label_delimiter."""
+    if delimiter is not None:
+        return [[part.strip() for part in str(value).split(delimiter) if part.strip()] if value is not None else []
+                for value in values]
+    return [[str(label) for label in value] if isinstance(value, list) else [str(value)] for value in values]
+
+
+def label_names(raw: DatasetDict, label_column: str, problem_type: str = "single_label_classification",
+                delimiter: str | None = None) -> list[str]:
     """Class names in id order: a ClassLabel's names, else the sorted distinct values of train."""
     feature = raw["train"].features[label_column]
-    if isinstance(feature, ClassLabel):
-        return list(feature.names)
-    values = set(raw["train"].unique(label_column))
-    if None in values:
-        raise ConfigError(f"--label_column {label_column!r} has empty values in the train split")
-    unseen = set(raw["validation"].unique(label_column)) - values
+    inner = feature.feature if is_list(feature) else feature
+    if isinstance(inner, ClassLabel):
+        return list(inner.names)
+    if problem_type == "multi_label_classification":
+        train = {name for labels in label_sets(raw["train"][label_column], delimiter) for name in labels}
+        unseen = {name for labels in label_sets(raw["validation"][label_column], delimiter) for name in labels} - train
+        values = train
+    else:
+        values = set(raw["train"].unique(label_column))
+        if None in values:
+            raise ConfigError(f"--label_column {label_column!r} has empty values in the train split")
+        unseen = set(raw["validation"].unique(label_column)) - values
     if unseen:
         raise ConfigError(
             f"--label_column {label_column!r}: validation has labels not seen in train: {sorted(map(str, unseen))}"
         )
+    if not values:
+        raise ConfigError(f"--label_column {label_column!r} holds no labels in the train split")
     return [str(value) for value in sorted(values)]
 
 
-def tokenize_datasets(
-    raw: DatasetDict,
-    tokenizer: PreTrainedTokenizerBase,
-    data_args: DataArguments,
-    names: list[str],
-) -> DatasetDict:
-    """Tokenise, map labels to ids and record each example's length."""
-    feature = raw["train"].features[data_args.label_column]
-    label2id = None if isinstance(feature, ClassLabel) else {name: i for i, name in enumerate(names)}
-    max_length = min(data_args.max_seq_length, tokenizer.model_max_length)
+def tokenize_datasets(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, task: Task,
+                      num_proc: int | None = None) -> DatasetDict:
+    """Tokenise (pairs as pairs), encode labels for the task, record each example's length."""
+    feature = next(iter(raw.values())).features.get(task.label_column)
+    class_ids = isinstance(feature.feature if is_list(feature) else feature, ClassLabel)  # labels are ids already
+    return DatasetDict({
+        split: dataset.map(partial(encode, tokenizer=tokenizer, task=task, split=split, class_ids=class_ids),
+                           batched=True,
+                           with_indices=True, num_proc=num_proc, remove_columns=dataset.column_names,
+                           desc=f"Tokenizing {split}")
+        for split, dataset in raw.items()
+    })
 
-    def encode(batch: dict) -> dict:
-        encoded = tokenizer(batch[data_args.text_column], truncation=True, max_length=max_length)
-        labels = batch[data_args.label_column]
-        encoded["labels"] = labels if label2id is None else [label2id[str(label)] for label in labels]
-        # The length-grouped samplers read this column instead of re-measuring every example.
-        encoded["length"] = [len(ids) for ids in encoded["input_ids"]]
-        return encoded
 
-    return raw.map(
-        encode,
-        batched=True,
-        num_proc=data_args.preprocessing_num_workers,
-        remove_columns=raw["train"].column_names,
-        desc="Tokenizing",
-    )
+def encode(batch: dict, indices: list[int], tokenizer: PreTrainedTokenizerBase, task: Task, split: str,
+           class_ids: bool = False) -> dict:
+    texts = batch[task.text_column]
+    pairs = batch[task.text_pair_column] if task.text_pair_column else None
+    for column, values in ((task.text_column, texts), (task.text_pair_column, pairs or [])):
+        for index, value in zip(indices, values, strict=False):
+            if value is None or not str(value).strip():
+                raise ConfigError(f"row {index} of the {split} data (0-based) has no text in column {column!r}")
+    # A pair is truncated longest-first, the tokenizer's default: the longer text loses tokens first.
+    encoded = tokenizer(texts, pairs, truncation=True, max_length=task.max_seq_length)
+    # The length-grouped samplers read this column instead of re-measuring every example.
+    encoded["length"] = [len(ids) for ids in encoded["input_ids"]]
+    encoded["truncated"] = [False] * len(texts)
+    at_limit = [i for i, length in enumerate(encoded["length"]) if length == task.max_seq_length]
+    if at_limit:  # only these can have been cut: measure them whole
+        whole = tokenizer([texts[i] for i in at_limit], [pairs[i] for i in at_limit] if pairs else None,
+                          verbose=False)["input_ids"]
+        for i, ids in zip(at_limit, whole, strict=True):
+            encoded["truncated"][i] = len(ids) > task.max_seq_length
+    if task.label_column in batch and split in ("train", "validation"):  # rows to predict need none
+        encoded["labels"] = encode_labels(batch[task.label_column], task, class_ids)
+    return encoded
+
+
+def encode_labels(values: list, task: Task, class_ids: bool = False) -> list:
+    """Class ids; floats for regression; multi-hot float rows for multi-label. With class_ids the
+    values are a ClassLabel's ids already, else label names."""
+    if task.problem_type == "regression":
+        return [float(value) for value in values]
+    ids = {name: i for i, name in enumerate(task.label_names)}
+    if task.problem_type == "multi_label_classification":
+        rows = []
+        for labels in label_sets(values, task.label_delimiter):
+            row = [0.0] * len(ids)
+            for label in labels:
+                row[int(label) if class_ids else ids[label]] = 1.0
+            rows.append(row)
+        return rows
+    return list(values) if class_ids else [ids[str(value)] for value in values]
+
+
+def log_truncation(tokenized: DatasetDict, max_seq_length: int) -> None:
+    for split, dataset in tokenized.items():
+        count = sum(dataset["truncated"])
+        if count:
+            logger.info("%s: %d of %d inputs were longer than max_seq_length %d and were truncated", split, count,
+                        len(dataset), max_seq_length)
 
 
 class ClassificationCollator(DataCollatorWithPadding):

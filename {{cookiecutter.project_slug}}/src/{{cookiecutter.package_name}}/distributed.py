@@ -125,6 +125,26 @@ def env_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def print_error(message: str) -> None:
+    """Print a bad setting as one `error:` line: once per node under torchrun, where every rank found it.
+
+    Not on rank 0 alone: files can differ between nodes, and a node's own problem must show.
+    """
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"error: {message}", file=sys.stderr)
+
+
+def default_dataloader_workers() -> int:
+    """Loader processes per rank: this process's share of the CPUs it may run on, less one for itself, at most 4.
+
+    The share counts what the scheduler allows (SLURM's --cpus-per-task, a container's cpuset), not
+    the machine's cores; a fixed 4 oversubscribes small machines, and PyTorch warns about it.
+    """
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    per_process = cpus // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(0, min(4, per_process - 1))
+
+
 def is_distributed() -> bool:
     """Whether this process is one of several in a started process group."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1

@@ -1,4 +1,4 @@
-"""Classification metrics over exactly the examples given, metrics.json, and the training curves."""
+"""Metrics per problem type over exactly the examples given, metrics.json, and the training curves."""
 
 from __future__ import annotations
 
@@ -7,6 +7,75 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
+
+def predict_from_logits(logits: np.ndarray, problem_type: str, threshold: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """(predictions, scores) from a batch of logits.
+
+    Single-label: the class id and its softmax probability. Multi-label: a 0/1 row per example (each
+    label whose sigmoid probability is above the threshold) and those probabilities. Regression: the
+    value, twice.
+    """
+    logits = np.asarray(logits, dtype=np.float64)
+    if problem_type == "regression":
+        values = logits.reshape(len(logits), -1)[:, 0]
+        return values, values
+    if problem_type == "multi_label_classification":
+        probabilities = 1 / (1 + np.exp(-logits))
+        return (probabilities > threshold).astype(np.int64), probabilities
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probabilities = shifted / shifted.sum(axis=-1, keepdims=True)
+    return probabilities.argmax(axis=-1), probabilities.max(axis=-1)
+
+
+def task_metrics(logits: np.ndarray, labels: np.ndarray, problem_type: str, label_names: Sequence[str],
+                 threshold: float = 0.5) -> dict:
+    """The metrics of the problem type, over exactly the examples given."""
+    predictions, _ = predict_from_logits(logits, problem_type, threshold)
+    if problem_type == "regression":
+        return regression_metrics(predictions, labels)
+    if problem_type == "multi_label_classification":
+        return multi_label_metrics(predictions, labels, label_names)
+    return classification_metrics(predictions, labels, label_names)
+
+
+def regression_metrics(predictions: np.ndarray, labels: np.ndarray) -> dict:
+    """Mean squared and absolute error, Pearson and Spearman correlation."""
+    from scipy.stats import pearsonr, spearmanr
+
+    predictions, labels = np.asarray(predictions, dtype=np.float64).reshape(-1), np.asarray(labels).reshape(-1)
+    errors = predictions - labels
+    correlated = labels.size > 1 and np.ptp(labels) > 0 and np.ptp(predictions) > 0  # else undefined
+    return {
+        "mse": float(np.mean(errors**2)) if labels.size else 0.0,
+        "mae": float(np.mean(np.abs(errors))) if labels.size else 0.0,
+        "pearson": float(pearsonr(predictions, labels)[0]) if correlated else 0.0,
+        "spearman": float(spearmanr(predictions, labels)[0]) if correlated else 0.0,
+        "num_examples": int(labels.size),
+    }
+
+
+def multi_label_metrics(predictions: np.ndarray, labels: np.ndarray, label_names: Sequence[str]) -> dict:
+    """Micro- and macro-F1, subset accuracy (every label of an example right) and per-label figures."""
+    predictions = np.asarray(predictions).reshape(-1, len(label_names)).astype(bool)
+    labels = np.asarray(labels).reshape(-1, len(label_names)).astype(bool)
+    hits, predicted, actual = ((predictions & labels).sum(axis=0), predictions.sum(axis=0), labels.sum(axis=0))
+    per_class, f1_scores = {}, []
+    for index, name in enumerate(label_names):
+        f1 = 2 * hits[index] / (predicted[index] + actual[index]) if predicted[index] + actual[index] else 0.0
+        if predicted[index] + actual[index]:
+            f1_scores.append(f1)
+        per_class[name] = {"precision": float(hits[index] / predicted[index]) if predicted[index] else 0.0,
+                           "recall": float(hits[index] / actual[index]) if actual[index] else 0.0, "f1": float(f1),
+                           "support": int(actual[index])}
+    total = predicted.sum() + actual.sum()
+    return {
+        "subset_accuracy": float((predictions == labels).all(axis=1).mean()) if len(labels) else 0.0,
+        "f1_micro": float(2 * hits.sum() / total) if total else 0.0,
+        "f1_macro": float(np.mean(f1_scores)) if f1_scores else 0.0,
+        "num_examples": len(labels),
+        "per_class": per_class,
+    }
 
 
 def classification_metrics(predictions: np.ndarray, labels: np.ndarray, label_names: Sequence[str]) -> dict:
@@ -40,11 +109,53 @@ def scalars(logs: dict) -> dict[str, float]:
     return {key: value for key, value in logs.items() if isinstance(value, (int, float))}
 
 
-def write_metrics(output_dir: str, metrics: dict) -> Path:
+def write_metrics(output_dir: str, metrics: dict, trained: bool) -> Path:
+    """Write output_dir/metrics.json. A run that trained writes it whole; a run that only evaluated
+    replaces the eval_* figures and keeps the train figures of the run that wrote it."""
     path = Path(output_dir) / "metrics.json"
+    if not trained and path.is_file():
+        kept = {key: value for key, value in json.loads(path.read_text()).items() if not key.startswith("eval_")}
+        metrics = kept | {key: value for key, value in metrics.items() if key.startswith("eval_")}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     return path
+
+
+def is_finished(output_dir: str, steps_left: int) -> bool:
+    """Whether a training run of output_dir has nothing left to train and has written its metrics.
+
+    Its command run again then changes nothing: metrics.json stays as it was.
+    """
+    return steps_left == 0 and Path(output_dir, "metrics.json").is_file()
+
+
+def finished_message(output_dir: str, step: int) -> str:
+    return (f"{output_dir} holds this run, finished at step {step}: nothing to train, metrics.json kept as it was. "
+            f"To evaluate again add --do_train false --model_name_or_path {output_dir}; to train again use a new "
+            "--output_dir")
+
+
+def add_run_totals(earlier: dict | None, runtime: float, samples: int) -> dict:
+    """Time and examples trained over the legs of a run that was stopped and resumed."""
+    earlier = earlier or {}
+    return {"train_runtime": earlier.get("train_runtime", 0.0) + runtime,
+            "train_samples": earlier.get("train_samples", 0) + samples}
+
+
+def whole_run_metrics(history: list[dict], totals: dict, steps: int) -> dict[str, float]:
+    """The train figures of metrics.json, over the whole run however many times it was resumed.
+
+    The mean loss comes from the logged losses, each the mean over the steps since the log before:
+    both loops also log at every checkpoint and at the last step, so those windows tile the run.
+    """
+    loss_sum, last_step = 0.0, 0
+    for entry in history:
+        if "loss" in entry:
+            loss_sum, last_step = loss_sum + entry["loss"] * (entry["step"] - last_step), entry["step"]
+    runtime = max(totals["train_runtime"], 1e-9)
+    return {"train_loss": round(loss_sum / last_step, 6) if last_step else 0.0, "train_steps": steps,
+            "train_runtime": round(runtime, 4), "train_samples_per_second": round(totals["train_samples"] / runtime, 3),
+            "train_steps_per_second": round(steps / runtime, 3)}
 
 
 def plot_training_curves(history: list[dict], path: Path) -> list[str]:

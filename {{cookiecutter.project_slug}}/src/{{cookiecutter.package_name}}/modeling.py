@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from transformers import (
     AutoConfig,
@@ -13,26 +11,13 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from .config import ConfigError, ModelArguments
-
-
-def _not_found(name: str, reason: str) -> ConfigError:
-    hint = "Offline? Use a local folder made with save_pretrained."
-    if "smoke_assets" in Path(name).parts:
-        hint = f"Create the smoke assets first: python -m {__package__}.smoke"
-    return ConfigError(f"--model_name_or_path {name!r} could not be loaded ({reason}). {hint}")
-
-
-def _check_local_path(name: str) -> None:
-    """A missing local-looking path fails at once, instead of after the Hub client's retries."""
-    looks_local = name.startswith((".", "/", "~")) or "smoke_assets" in Path(name).parts
-    if looks_local and not Path(name).expanduser().exists():
-        raise _not_found(name, "no such folder")
+from .config import ConfigError, ModelArguments, check_local_path, model_not_found
+from .data import Task
 
 
 def load_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
     name = model_args.tokenizer_name or model_args.model_name_or_path
-    _check_local_path(name)
+    check_local_path(name)
     try:
         return AutoTokenizer.from_pretrained(
             name,
@@ -41,23 +26,25 @@ def load_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
             trust_remote_code=model_args.trust_remote_code,
         )
     except (OSError, ValueError) as err:
-        raise _not_found(name, type(err).__name__) from None
+        raise model_not_found(name, type(err).__name__) from None
 
 
-def load_model(model_args: ModelArguments, names: list[str]) -> PreTrainedModel:
-    """Load a sequence classifier in fp32, with one output per class and the label names in its config."""
-    name = model_args.model_name_or_path
-    _check_local_path(name)
+def load_model(model_args: ModelArguments, task: Task) -> PreTrainedModel:
+    """Load a sequence classifier in fp32, with one output per class (one for regression), and the task
+    in its config: problem type, label names, input columns and max_seq_length (Task.as_config)."""
+    name, names = model_args.model_name_or_path, task.label_names
+    check_local_path(name)
     try:
         config = AutoConfig.from_pretrained(
             name,
-            num_labels=len(names),
-            id2label=dict(enumerate(names)),
-            label2id={label: i for i, label in enumerate(names)},
+            num_labels=task.num_labels,
+            **({"id2label": dict(enumerate(names)), "label2id": {label: i for i, label in enumerate(names)}}
+               if names else {}),
             cache_dir=model_args.cache_dir,
             revision=model_args.revision,
             trust_remote_code=model_args.trust_remote_code,
         )
+        config.update(task.as_config())
         model = AutoModelForSequenceClassification.from_pretrained(
             name,
             config=config,
@@ -74,9 +61,9 @@ def load_model(model_args: ModelArguments, names: list[str]) -> PreTrainedModel:
         if "ignore_mismatched_sizes" not in str(err):
             raise
         raise ConfigError(
-            f"--model_name_or_path {name!r} has a classifier for another number of labels than the "
-            f"{len(names)} in the data; pass --ignore_mismatched_sizes true to start a fresh head"
+            f"--model_name_or_path {name!r} has a classifier for another number of outputs than the "
+            f"{task.num_labels} this data needs; pass --ignore_mismatched_sizes true to start a fresh head"
         ) from None
     except (OSError, ValueError) as err:
-        raise _not_found(name, type(err).__name__) from None
+        raise model_not_found(name, type(err).__name__) from None
     return model

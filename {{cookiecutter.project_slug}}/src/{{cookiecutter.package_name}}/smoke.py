@@ -1,7 +1,9 @@
-"""Offline smoke assets: a tiny BERT, a locally built tokenizer and a learnable synthetic dataset.
+"""Offline smoke assets: a tiny BERT, a locally built tokenizer and learnable synthetic datasets.
 
 `python -m <package>.smoke` writes them under smoke_assets/ with save_pretrained and jsonl, so the
-smoke run goes through the same loading code as a real model and dataset, with no network.
+smoke run goes through the same loading code as a real model and dataset, with no network. Next to
+the sentiment task (train.jsonl, validation.jsonl) it writes one folder per other task type:
+pairs/ (sentence pairs), regression/ (a float score) and multilabel/ (a list of topics).
 """
 
 from __future__ import annotations
@@ -22,6 +24,25 @@ NEUTRAL = (
     "this that with for on as by at from cast ending dialogue picture screen role character"
 ).split()
 LABELS = ("negative", "positive")
+PAIR_LABELS = ("different", "same")
+TOPICS = {
+    "sports": ["football", "tennis", "goal", "match", "team", "coach"],
+    "food": ["pasta", "bread", "cheese", "soup", "dessert", "chef"],
+    "music": ["guitar", "song", "piano", "drums", "singer", "concert"],
+    "travel": ["train", "airport", "hotel", "beach", "passport", "journey"],
+}
+
+
+def sentiment_words(rng: random.Random, label: int, length: int) -> list[str]:
+    """Neutral filler with about a third of its words of `label`'s sentiment and fewer of the other."""
+    words = [rng.choice(NEUTRAL) for _ in range(length)]
+    own, other = (POSITIVE, NEGATIVE) if label else (NEGATIVE, POSITIVE)
+    strong = max(2, length // 3)
+    for _ in range(strong):
+        words[rng.randrange(length)] = rng.choice(own)
+    for _ in range(rng.randrange(strong // 2 + 1)):
+        words[rng.randrange(length)] = rng.choice(other)
+    return words
 
 
 def synthetic_examples(count: int, seed: int) -> list[dict[str, str]]:
@@ -31,19 +52,76 @@ def synthetic_examples(count: int, seed: int) -> list[dict[str, str]]:
     for _ in range(count):
         label = rng.randrange(2)
         length = min(120, max(6, int(rng.lognormvariate(3.0, 0.7))))
-        words = [rng.choice(NEUTRAL) for _ in range(length)]
-        own, other = (POSITIVE, NEGATIVE) if label else (NEGATIVE, POSITIVE)
-        strong = max(2, length // 3)
-        for _ in range(strong):
-            words[rng.randrange(length)] = rng.choice(own)
-        for _ in range(rng.randrange(strong // 2 + 1)):
-            words[rng.randrange(length)] = rng.choice(other)
-        examples.append({"text": " ".join(words), "label": LABELS[label]})
+        examples.append({"text": " ".join(sentiment_words(rng, label, length)), "label": LABELS[label]})
     return examples
 
 
+def clear_review(rng: random.Random, label: int, length: int) -> list[str]:
+    """Neutral filler of which two thirds are words of `label`'s sentiment and none of the other's.
+
+    Pairs need a sentiment that is plain to read: with sparse or mixed cues the tiny BERT memorises
+    the 512 pairs instead of learning to compare them.
+    """
+    words = [rng.choice(NEUTRAL) for _ in range(length)]
+    own = POSITIVE if label else NEGATIVE
+    for position in rng.sample(range(length), 2 * length // 3):
+        words[position] = rng.choice(own)
+    return words
+
+
+def pair_examples(count: int, seed: int) -> list[dict[str, str]]:
+    """Two short reviews labelled by whether they share a sentiment: an XOR that neither tells alone."""
+    rng = random.Random(seed)
+    same_flags = [index % 2 for index in range(count)]  # balanced classes, in random order
+    rng.shuffle(same_flags)
+    examples = []
+    for same in same_flags:
+        first = rng.randrange(2)  # independent of the label, so sentence1 alone is a coin toss
+        second = first if same else 1 - first
+        sentence1, sentence2 = (" ".join(clear_review(rng, s, rng.randint(6, 10))) for s in (first, second))
+        examples.append({"sentence1": sentence1, "sentence2": sentence2, "label": PAIR_LABELS[same]})
+    return examples
+
+
+def regression_examples(count: int, seed: int) -> list[dict[str, str | float]]:
+    """Reviews scored 0-5 by the share of positive among their sentiment words, plus a little noise."""
+    rng = random.Random(seed)
+    examples = []
+    for _ in range(count):
+        length = rng.randint(8, 30)
+        words = [rng.choice(NEUTRAL) for _ in range(length)]
+        sentiment = rng.randint(2, max(2, length // 3))
+        positive = rng.randint(0, sentiment)
+        for rank, position in enumerate(rng.sample(range(length), sentiment)):
+            words[position] = rng.choice(POSITIVE if rank < positive else NEGATIVE)
+        score = min(5.0, max(0.0, 5.0 * positive / sentiment + rng.gauss(0.0, 0.25)))
+        examples.append({"text": " ".join(words), "label": round(score, 2)})  # a float even when whole
+    return examples
+
+
+def multilabel_examples(count: int, seed: int) -> list[dict[str, str | list[str]]]:
+    """Filler text tagged with each topic (0 to 3 of them) of which it holds two words."""
+    rng = random.Random(seed)
+    names = list(TOPICS)
+    filler = [word for word in NEUTRAL if word not in TOPICS]  # no "music" without the music topic
+    examples = []
+    for _ in range(count):
+        length = rng.randint(6, 12)
+        words = [rng.choice(filler) for _ in range(length)]
+        topics = sorted(rng.sample(names, rng.choice((0, 1, 1, 2, 2, 3))), key=names.index)
+        cues = [word for topic in topics for word in rng.choices(TOPICS[topic], k=2)]
+        for position, word in zip(rng.sample(range(length), len(cues)), cues, strict=True):
+            words[position] = word
+        examples.append({"text": " ".join(words), "labels": topics})
+    return examples
+
+
+TASKS = {"pairs": pair_examples, "regression": regression_examples, "multilabel": multilabel_examples}
+
+
 def build_tokenizer() -> BertTokenizer:
-    vocab = SPECIAL_TOKENS + sorted(set(POSITIVE + NEGATIVE + NEUTRAL))
+    topic_words = [word for words in TOPICS.values() for word in words]
+    vocab = SPECIAL_TOKENS + sorted(set(POSITIVE + NEGATIVE + NEUTRAL + topic_words))
     return BertTokenizer(vocab={token: i for i, token in enumerate(vocab)}, model_max_length=128)
 
 
@@ -68,7 +146,10 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def make_smoke_assets(output_dir: str | Path, train_size: int = 512, eval_size: int = 101, seed: int = 0) -> Path:
-    """Write tiny-bert/, train.jsonl and validation.jsonl; the same files for the same arguments."""
+    """Write tiny-bert/, train.jsonl, validation.jsonl and one such pair of files per TASKS folder.
+
+    The same arguments give the same files, byte for byte.
+    """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
@@ -76,13 +157,17 @@ def make_smoke_assets(output_dir: str | Path, train_size: int = 512, eval_size: 
     build_model(len(tokenizer), seed).save_pretrained(output_dir / "tiny-bert")
     write_jsonl(output_dir / "train.jsonl", synthetic_examples(train_size, seed))
     write_jsonl(output_dir / "validation.jsonl", synthetic_examples(eval_size, seed + 1))
+    for task, examples in TASKS.items():
+        (output_dir / task).mkdir(exist_ok=True)
+        write_jsonl(output_dir / task / "train.jsonl", examples(train_size, seed))
+        write_jsonl(output_dir / task / "validation.jsonl", examples(eval_size, seed + 1))
     return output_dir
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output_dir", default="smoke_assets")
-    parser.add_argument("--train_size", type=int, default=512)
+    parser.add_argument("--train_size", type=int, default=512, help="examples per task")
     parser.add_argument("--eval_size", type=int, default=101, help="odd on purpose: tests exact eval counts")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

@@ -3,8 +3,8 @@
 The run, top to bottom: join torchrun's process group; load and tokenise the data; build the model
 (wrapped in DistributedDataParallel), the optimizer and the schedule; resume from the newest
 checkpoint; run the epoch loop, whose optimizer step is written out in `train`; evaluate once over
-exactly the eval set; write metrics.json. No Trainer and no accelerate: this file starts the process
-group itself, and every step is here to read and change.
+exactly the eval set; write metrics.json; with --do_predict, predict --test_file. No Trainer and no
+accelerate: this file starts the process group itself, and every step is here to read and change.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -41,13 +40,26 @@ from .distributed import (
     agree_on_resume_checkpoint,
     assert_gradients_synchronised,
     cleanup_distributed,
+    print_error,
     resolve_device_settings,
     select_device,
     setup_logging,
     start_process_group,
 )
-from .metrics import classification_metrics, plot_training_curves, scalars, write_metrics
+from .meter import LossMeter
+from .metrics import (
+    add_run_totals,
+    finished_message,
+    is_finished,
+    plot_training_curves,
+    scalars,
+    task_metrics,
+    whole_run_metrics,
+    write_metrics,
+)
 from .modeling import load_model, load_tokenizer
+from .predict import predict_file
+from .tracking import Tracker, start_tracker
 from .training_args import TrainingArguments
 
 logger = logging.getLogger(f"{__package__}.train")  # not __name__: that is "__main__" under python -m
@@ -65,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             cleanup_distributed()
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print_error(str(err))
         raise SystemExit(2) from None
 
 
@@ -125,8 +137,10 @@ class Job:
     epoch: int = 0
     step_in_epoch: int = 0
     history: list[dict] = field(default_factory=list)  # the logged lines, also saved in checkpoints
+    totals: dict = field(default_factory=dict)  # time and examples trained up to the last checkpoint
     stopped: bool = False  # by SIGTERM, at a step every rank reached (StopRequest)
-    board: Any = None  # a TensorBoard SummaryWriter, on rank 0 with --report_to tensorboard
+    test_file: str | None = None  # rows to predict at the end, with --do_predict
+    tracker: Tracker | None = None  # --report_to's, on rank 0 (tracking.py)
 
 
 def build_job(env: DistributedEnv, model_args: ModelArguments, data_args: DataArguments,
@@ -141,7 +155,7 @@ def build_job(env: DistributedEnv, model_args: ModelArguments, data_args: DataAr
     sampler, train_loader, plan = build_train_batches(data.train, args, collator, env.rank, env.world_size,
                                                       env.device.type == "cuda", saved_batch_plan(checkpoint))
 
-    module = load_model(model_args, data.label_names).to(env.device)
+    module = load_model(model_args, data.task).to(env.device)
     model = wrap_in_ddp(module, args, env)
     optimizer = build_optimizer(model, args)  # after wrapping, over the parameters DDP synchronises
     # --warmup_steps below 1 is a fraction of all steps, as in transformers.TrainingArguments.
@@ -149,11 +163,9 @@ def build_job(env: DistributedEnv, model_args: ModelArguments, data_args: DataAr
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, warmup, plan.total_steps)
     scaler = torch.amp.GradScaler("cuda") if env.precision == "fp16" else None
     job = Job(args, env, tokenizer, data, collator, sampler, train_loader, plan, model, module, optimizer,
-              scheduler, scaler)
-    if args.report_to == "tensorboard" and env.is_main_process:
-        from torch.utils.tensorboard import SummaryWriter  # optional: training_args.py checked it is installed
-
-        job.board = SummaryWriter(os.environ.get("TENSORBOARD_LOGGING_DIR") or Path(args.output_dir, "runs"))
+              scheduler, scaler, test_file=data_args.test_file)
+    job.tracker = start_tracker(args.report_to, args.output_dir, vars(model_args) | vars(data_args) | vars(args),
+                                env.is_main_process)  # the run id in output_dir: a resume continues its run
 
     # From here on only dropout draws from the global RNG: give each rank its own stream, so the
     # ranks do not drop the same units. A checkpoint restores these per-rank states.
@@ -200,9 +212,12 @@ def build_optimizer(model: torch.nn.Module, args: TrainingArguments) -> torch.op
 
 def train_and_evaluate(job: Job) -> dict[str, float]:
     """Train, save the final model, evaluate once over the whole eval set, write metrics.json."""
-    metrics = {}
+    metrics, args = {}, job.args
     try:
-        if job.args.do_train:
+        if args.do_train and is_finished(args.output_dir, job.plan.total_steps - job.step):
+            logger.info(finished_message(args.output_dir, job.step))
+            return {}
+        if args.do_train:
             metrics.update(train(job))
             if job.stopped:  # by SIGTERM, after saving the step it reached
                 raise SystemExit(STOPPED_EXIT_CODE)
@@ -211,15 +226,22 @@ def train_and_evaluate(job: Job) -> dict[str, float]:
                 job.tokenizer.save_pretrained(job.args.output_dir)
         if job.args.do_eval:
             metrics.update(evaluate(job))
+            if job.tracker is not None:  # the final evaluation too, as the Trainer's trackers get it
+                job.tracker.log(scalars(metrics), job.step)
+        if args.do_predict:  # every rank predicts a share; rank 0 writes them
+            predict_file(job.module, job.tokenizer, job.data.task, job.test_file,
+                         str(Path(args.output_dir, "predictions" + Path(job.test_file).suffix)),
+                         args.per_device_eval_batch_size, job.env.device, job.env.precision)
         if job.env.is_main_process:
-            path = write_metrics(job.args.output_dir, metrics)
-            Path(job.args.output_dir, "log_history.json").write_text(json.dumps(job.history, indent=1) + "\n")
-            plot_training_curves(job.history, Path(job.args.output_dir, "training_curves.png"))
-            logger.info("metrics written to %s: %s", path, metrics)
+            path = write_metrics(args.output_dir, metrics, trained=args.do_train)
+            if args.do_train:  # an evaluation alone keeps the curves of the run it evaluates
+                Path(args.output_dir, "log_history.json").write_text(json.dumps(job.history, indent=1) + "\n")
+                plot_training_curves(job.history, Path(args.output_dir, "training_curves.png"))
+            logger.info("metrics written to %s: %s", path, scalars(metrics))
         return metrics
     finally:
-        if job.board is not None:
-            job.board.close()
+        if job.tracker is not None:
+            job.tracker.close()
         job.model = job.module  # drop DDP, which holds the process group, before the group is destroyed
 
 
@@ -227,7 +249,7 @@ def train(job: Job) -> dict[str, float]:
     """The epoch loop. Each pass of the inner loop is one optimizer step over accumulated micro-batches."""
     args, env, plan, model, optimizer, scaler = job.args, job.env, job.plan, job.model, job.optimizer, job.scaler
     skip_sync = model.no_sync if isinstance(model, DistributedDataParallel) else contextlib.nullcontext
-    meter, first_step, stop = LossMeter(env.device, job.step), job.step, StopRequest()
+    meter, first_step, stop, earlier = LossMeter(env.device, job.step), job.step, StopRequest(), dict(job.totals)
     bar = tqdm(total=plan.total_steps, initial=job.step, desc="train", dynamic_ncols=True,
                disable=not env.is_main_process or args.disable_tqdm or not sys.stderr.isatty())  # no bars in files
     while job.step < plan.total_steps and not job.stopped:
@@ -276,7 +298,10 @@ def train(job: Job) -> dict[str, float]:
             bar.update(1)
             finished = job.step == plan.total_steps
             job.stopped = stop.agreed() and not finished  # a last step finishes the run instead
-            if due(args.logging_strategy, args.logging_steps, job, end_of_epoch) or finished or (
+            saving = job.stopped or due(args.save_strategy, args.save_steps, job, end_of_epoch) or (
+                finished and args.save_strategy != "no")
+            # Also at each checkpoint and at the end: the logged windows then tile the run (whole_run_metrics).
+            if due(args.logging_strategy, args.logging_steps, job, end_of_epoch) or finished or saving or (
                     job.step == 1 and args.logging_first_step):
                 logs = meter.flush(job.step) | {"learning_rate": job.scheduler.get_last_lr()[0]}
                 if grad_norm is not None:
@@ -286,15 +311,16 @@ def train(job: Job) -> dict[str, float]:
                     finished or job.stopped):
                 log(job, evaluate(job), bar)  # the final evaluation follows the loop
                 model.train()
-            if job.stopped or due(args.save_strategy, args.save_steps, job, end_of_epoch) or (
-                    finished and args.save_strategy != "no"):
+            if saving:
+                job.totals = add_run_totals(earlier, *meter.trained())
                 save_checkpoint(job)
             if job.stopped:
                 logger.info("stopped by SIGTERM at step %d, saved in checkpoint-%d: the same command resumes there",
                             job.step, job.step)
                 break
     bar.close()
-    return meter.totals() | {"epoch": job.step / plan.steps_per_epoch}
+    totals = add_run_totals(earlier, *meter.trained())
+    return whole_run_metrics(job.history, totals, job.step) | {"epoch": job.step / plan.steps_per_epoch}
 
 
 def due(strategy: str, interval: float, job: Job, end_of_epoch: bool) -> bool:
@@ -307,54 +333,20 @@ def due(strategy: str, interval: float, job: Job, end_of_epoch: bool) -> bool:
     return job.step % every == 0
 
 
-class LossMeter:
-    """Sums losses on the device; flush() averages them over steps and ranks with one all_reduce.
-
-    Reading a loss back at every step (.item()) would make the CPU wait for the GPU each time.
-    """
-
-    def __init__(self, device: torch.device, step: int) -> None:
-        self.window = torch.zeros(2, device=device)  # loss sum, examples
-        self.step, self.start_time = step, time.perf_counter()
-        self.loss_total, self.samples_total, self.steps_total = 0.0, 0, 0
-
-    def add(self, loss: torch.Tensor, samples: int) -> None:
-        self.window[0] += loss.detach().float()
-        self.window[1] += samples
-
-    def flush(self, step: int) -> dict[str, float]:
-        if dist.is_initialized():
-            dist.all_reduce(self.window)
-        (loss_sum, samples), steps = self.window.tolist(), step - self.step
-        mean_loss = loss_sum / (dist.get_world_size() if dist.is_initialized() else 1) / steps
-        self.loss_total, self.samples_total, self.steps_total = (
-            self.loss_total + mean_loss * steps, self.samples_total + int(samples), self.steps_total + steps)
-        self.window.zero_()
-        self.step = step
-        return {"loss": round(mean_loss, 4)}
-
-    def totals(self) -> dict[str, float]:
-        runtime = time.perf_counter() - self.start_time
-        return {"train_runtime": round(runtime, 4), "train_samples_per_second": round(self.samples_total / runtime, 3),
-                "train_steps_per_second": round(self.steps_total / runtime, 3),
-                "train_loss": self.loss_total / self.steps_total if self.steps_total else 0.0}
-
-
 def log(job: Job, logs: dict[str, float], bar: tqdm) -> None:
-    """One JSON line on rank 0 (and a TensorBoard point), kept in job.history."""
+    """One JSON line on rank 0 (and a point for --report_to's tracker), kept in job.history."""
     if not job.env.is_main_process:
         return
     entry = {"step": job.step, "epoch": round(job.step / job.plan.steps_per_epoch, 3), **scalars(logs)}
     job.history.append(entry)
     bar.write(json.dumps(entry))
-    if job.board is not None:
-        for key, value in scalars(logs).items():
-            job.board.add_scalar(key, value, job.step)
+    if job.tracker is not None:
+        job.tracker.log(scalars(logs), job.step)
 
 
 @torch.no_grad()
 def evaluate(job: Job) -> dict[str, float]:
-    """Accuracy, macro-F1 and loss over every eval example exactly once, whatever the world size.
+    """The task's metrics and the loss over every eval example exactly once, whatever the world size.
 
     DistributedSampler would pad the eval set with repeats to share it evenly, and those would be
     counted twice. Instead rank r takes every world_size-th example of the length-sorted set (no
@@ -367,25 +359,25 @@ def evaluate(job: Job) -> dict[str, float]:
     by_length = np.argsort(-np.asarray(job.data.validation["length"]), kind="stable")
     shard = job.data.validation.select(by_length[env.rank :: env.world_size])
     loader = build_loader(shard, args, job.collator, args.per_device_eval_batch_size, env.device.type == "cuda")
-    predictions, labels, loss_sum = [], [], torch.zeros((), device=env.device)
+    logits, labels, loss_sum = [], [], torch.zeros((), device=env.device)
     for batch in loader:
         batch = {key: value.to(env.device, non_blocking=True) for key, value in batch.items()}
         with env.autocast():
             output = model(**batch)
         loss_sum += output.loss.float() * len(batch["labels"])
-        predictions.append(output.logits.argmax(dim=-1).cpu())
+        logits.append(output.logits.float().cpu())
         labels.append(batch["labels"].cpu())
-    local = (torch.cat(predictions).numpy() if predictions else np.empty(0, dtype=np.int64),
-             torch.cat(labels).numpy() if labels else np.empty(0, dtype=np.int64), float(loss_sum))
+    local = ([torch.cat(logits).numpy()], [torch.cat(labels).numpy()], float(loss_sum)) if labels else ([], [], 0.0)
     everyone = [local]
     if env.world_size > 1:
         everyone = [None] * env.world_size if env.is_main_process else None
         dist.gather_object(local, everyone, dst=0)
     if not env.is_main_process:
         return {}
-    all_predictions = np.concatenate([predicted for predicted, _, _ in everyone])
-    all_labels = np.concatenate([label for _, label, _ in everyone])
-    metrics = classification_metrics(all_predictions, all_labels, job.data.label_names)
+    all_logits = np.concatenate([array for rank_logits, _, _ in everyone for array in rank_logits])
+    all_labels = np.concatenate([array for _, rank_labels, _ in everyone for array in rank_labels])
+    task = job.data.task
+    metrics = task_metrics(all_logits, all_labels, task.problem_type, task.label_names, task.multi_label_threshold)
     metrics["loss"] = sum(loss for _, _, loss in everyone) / max(1, len(all_labels))
     metrics["runtime"] = round(time.perf_counter() - start, 4)
     metrics["samples_per_second"] = round(len(all_labels) / metrics["runtime"], 3)

@@ -3,7 +3,7 @@
 The run, top to bottom: parse the config and flags (under torchrun this starts the process group:
 training_args.py); check that torchrun's ranks really share gradients; load and tokenise the data;
 load the model; train, resuming from the newest checkpoint; evaluate once over exactly the eval set;
-write metrics.json.
+write metrics.json; with --do_predict, predict --test_file (predict.py).
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sys
+import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
@@ -24,7 +23,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import get_last_checkpoint
 
 from .config import ConfigError, DataArguments, ModelArguments, parse_args
-from .data import build_collator, load_data
+from .data import Task, build_collator, load_data
 from .distributed import (
     STOPPED_EXIT_CODE,
     StopRequest,
@@ -32,13 +31,26 @@ from .distributed import (
     assert_gradients_synchronised,
     cleanup_distributed,
     env_world_size,
+    print_error,
     setup_logging,
 )
-from .metrics import classification_metrics, plot_training_curves, scalars, write_metrics
+from .metrics import (
+    add_run_totals,
+    finished_message,
+    is_finished,
+    plot_training_curves,
+    scalars,
+    task_metrics,
+    whole_run_metrics,
+    write_metrics,
+)
 from .modeling import load_model, load_tokenizer
+from .predict import predict_file
+from .tracking import close_trackers, configure_tracker
 from .training_args import TrainingArguments
 
 BATCH_PLAN = "batch_plan.json"
+RUN_TOTALS = "run_totals.json"  # time and examples trained up to this checkpoint, over every leg of the run
 logger = logging.getLogger(f"{__package__}.train")  # not __name__: that is "__main__" under python -m
 
 
@@ -46,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         trainer = run(*parse_args(TrainingArguments, argv))
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print_error(str(err))
         raise SystemExit(2) from None
     release(trainer)
 
@@ -54,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
 def run(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> Trainer:
     prepare_run(args)
     trainer = build_trainer(model_args, data_args, args)
-    train_and_evaluate(trainer, args)
+    train_and_evaluate(trainer, args, data_args.test_file)
     return trainer
 
 
@@ -64,6 +76,8 @@ def prepare_run(args: TrainingArguments) -> None:
     logger.info("world size %d, device %s, backend %s, precision %s", args.world_size, args.device,
                 args.ddp_backend, "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
     set_seed(args.seed)
+    # Before the Trainer is built: its report_to callbacks read their settings from the environment.
+    configure_tracker(args.report_to, args.output_dir, args.process_index == 0)
 
 
 def check_really_distributed(world_size_in_use: int) -> None:
@@ -95,13 +109,25 @@ class StopOnSignal(TrainerCallback):
                         state.global_step, state.global_step)
 
 
-class RecordBatchPlan(TrainerCallback):
-    """Note in each checkpoint how the global batch was split, so a resume can be checked against it."""
+class RecordRun(TrainerCallback):
+    """Note in each checkpoint how the global batch was split, so a resume can be checked against it,
+    and how long the run has trained so far, so a resumed run reports its whole length."""
+
+    def __init__(self, earlier: dict | None = None) -> None:
+        self.earlier, self.start_time, self.first_step = earlier, time.perf_counter(), 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start_time, self.first_step = time.perf_counter(), state.global_step
+
+    def totals(self, args: TrainingArguments, state) -> dict:
+        samples = (state.global_step - self.first_step) * args.train_batch_size * args.gradient_accumulation_steps
+        return add_run_totals(self.earlier, time.perf_counter() - self.start_time, samples * args.world_size)
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            path = Path(args.output_dir, f"checkpoint-{state.global_step}", BATCH_PLAN)
-            path.write_text(json.dumps(batch_plan(args)) + "\n")
+            checkpoint = Path(args.output_dir, f"checkpoint-{state.global_step}")
+            (checkpoint / BATCH_PLAN).write_text(json.dumps(batch_plan(args)) + "\n")
+            (checkpoint / RUN_TOTALS).write_text(json.dumps(self.totals(args, state)) + "\n")
 
 
 def batch_plan(args: TrainingArguments) -> dict[str, int]:
@@ -139,17 +165,19 @@ class GradientSyncCheck(TrainerCallback):
 
 
 class ComputeMetrics:
-    """The Trainer's compute_metrics: numbers for its logs; the latest per-class table and confusion
-    matrix kept aside, for metrics.json."""
+    """The Trainer's compute_metrics: the task's numbers for its logs; the latest per-class table and
+    confusion matrix kept aside, for metrics.json."""
 
-    def __init__(self, label_names: list[str]) -> None:
-        self.label_names = label_names
+    def __init__(self, task: Task) -> None:
+        self.task = task
         self.tables: dict = {}
 
     def __call__(self, prediction: EvalPrediction) -> dict[str, float]:
         logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
-        metrics = classification_metrics(np.argmax(logits, axis=-1), prediction.label_ids, self.label_names)
-        self.tables = {f"eval_{key}": metrics.pop(key) for key in ("per_class", "confusion_matrix")}
+        task = self.task
+        metrics = task_metrics(logits, prediction.label_ids, task.problem_type, task.label_names,
+                               task.multi_label_threshold)
+        self.tables = {f"eval_{key}": metrics.pop(key) for key in ("per_class", "confusion_matrix") if key in metrics}
         return metrics
 
 
@@ -157,7 +185,13 @@ class JsonLogLines(TrainerCallback):
     """Each log as one JSON line from rank 0, numbers as numbers, as the native loop writes them.
 
     (The Trainer's own printers format numbers as text and, without a progress bar, print on every node.)
+    Also logs at every checkpoint and at the last step, as the native loop does: the logged losses
+    then cover the whole run, and metrics.json's train_loss is their mean (whole_run_metrics).
     """
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_save or state.global_step >= state.max_steps:
+            control.should_log = True
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero:
@@ -194,11 +228,18 @@ class ClassificationTrainer(Trainer):
             return super()._get_train_sampler(train_dataset)
         return EpochSeededLengthGroupedSampler(self, (train_dataset or self.train_dataset)["length"])
 
+    def _run_epoch(self, *args, **kwargs):
+        # Upstream checks for the last step only after taking one: resumed from a checkpoint at its
+        # last step in mid-epoch (--max_steps, fractional epochs), it would train one step too many.
+        if self.state.global_step < self.state.max_steps:
+            return super()._run_epoch(*args, **kwargs)
+        return None
+
 
 def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> Trainer:
     tokenizer = load_tokenizer(model_args)
     data = load_data(data_args, tokenizer, model_args.cache_dir, args.seed)
-    model = load_model(model_args, data.label_names)
+    model = load_model(model_args, data.task)
     # Classification heads take **kwargs but ignore num_items_in_batch and return a per-batch mean.
     # If the Trainer believed otherwise it would multiply the loss (and the gradients) by the world
     # size and skip dividing by the accumulation steps.
@@ -210,8 +251,8 @@ def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: Tr
         eval_dataset=data.validation,
         processing_class=tokenizer,
         data_collator=build_collator(tokenizer, mixed_precision=args.fp16 or args.bf16),
-        compute_metrics=ComputeMetrics(data.label_names),
-        callbacks=[GradientSyncCheck(), StopOnSignal(), RecordBatchPlan(), JsonLogLines()],
+        compute_metrics=ComputeMetrics(data.task),
+        callbacks=[GradientSyncCheck(), StopOnSignal(), RecordRun(), JsonLogLines()],
     )
     trainer.remove_callback(PrinterCallback)
     if trainer.pop_callback(ProgressCallback) is not None:  # on a terminal, unless --disable_tqdm
@@ -229,17 +270,29 @@ def find_resume_checkpoint(args: TrainingArguments) -> Path | None:
                                       lambda path: None if path.is_dir() else "does not exist")
 
 
-def train_and_evaluate(trainer: Trainer, args: TrainingArguments) -> dict[str, float]:
-    metrics = {}
+def callback(trainer: Trainer, kind: type):
+    return next(c for c in trainer.callback_handler.callbacks if isinstance(c, kind))
+
+
+def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str | None = None) -> dict[str, float]:
+    metrics, record = {}, callback(trainer, RecordRun)
     if args.do_train:
         checkpoint = find_resume_checkpoint(args)
         if checkpoint is not None:
             check_same_batch_plan(checkpoint, args)
             logger.info("resuming from checkpoint %s", checkpoint)
-        metrics.update(trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None).metrics)
-        if next(c for c in trainer.callback_handler.callbacks if isinstance(c, StopOnSignal)).stopped:
+            totals = checkpoint / RUN_TOTALS
+            record.earlier = json.loads(totals.read_text()) if totals.is_file() else None
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        if callback(trainer, StopOnSignal).stopped:
             release(trainer)
             raise SystemExit(STOPPED_EXIT_CODE)
+        if checkpoint is not None and is_finished(args.output_dir, trainer.state.global_step - record.first_step):
+            logger.info(finished_message(args.output_dir, trainer.state.global_step))
+            return {}
+        state = trainer.state
+        metrics.update(whole_run_metrics(state.log_history, record.totals(args, state), state.global_step))
+        metrics["epoch"] = state.epoch
         trainer.save_model()
         trainer.save_state()
     if args.do_eval:
@@ -247,10 +300,16 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments) -> dict[str, f
         # distributed sampler repeats to even out the ranks: every example counts exactly once.
         metrics.update(trainer.evaluate())
         metrics.update(trainer.compute_metrics.tables)
+    if args.do_predict:  # every rank predicts a share; rank 0 writes them
+        precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+        predict_file(trainer.model, trainer.processing_class, trainer.compute_metrics.task, test_file,
+                     str(Path(args.output_dir, "predictions" + Path(test_file).suffix)),
+                     args.per_device_eval_batch_size, args.device, precision)
     if trainer.is_world_process_zero():
-        path = write_metrics(args.output_dir, metrics)
-        plot_training_curves(trainer.state.log_history, Path(args.output_dir, "training_curves.png"))
-        logger.info("metrics written to %s: %s", path, metrics)
+        path = write_metrics(args.output_dir, metrics, trained=args.do_train)
+        if args.do_train:  # an evaluation alone keeps the curves of the run it evaluates
+            plot_training_curves(trainer.state.log_history, Path(args.output_dir, "training_curves.png"))
+        logger.info("metrics written to %s: %s", path, scalars(metrics))
     return metrics
 
 
@@ -258,6 +317,7 @@ def release(trainer: Trainer) -> None:
     """Drop the Trainer's DDP wrapper, then the process group, so every rank exits cleanly."""
     trainer.accelerator.free_memory()
     trainer.model_wrapped = trainer.model
+    close_trackers()
     cleanup_distributed()
 
 

@@ -6,7 +6,8 @@ Defaults follow it too, except: output_dir, logging_steps and save_total_limit (
 choices, as in the Trainer variant); do_train and do_eval (this script always did both);
 train_sampling_strategy (see below); ddp_find_unused_parameters and ddp_broadcast_buffers False
 (BERT uses every parameter, and its buffers never change: each search or sync costs every step);
-disable_tqdm False; tf32 None leaves torch's own setting.
+disable_tqdm False; tf32 None leaves torch's own setting; dataloader_num_workers None sizes the
+loader to the CPUs this process may use (distributed.default_dataloader_workers).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import importlib.util
 from dataclasses import dataclass, field
 
 from .config import ConfigError
+from .distributed import default_dataloader_workers
+from .tracking import TRACKERS
 
 STRATEGIES = ["no", "steps", "epoch"]
 # transformers' schedules, less those whose step() wants an eval metric (reduce_lr_on_plateau, greedy).
@@ -33,6 +36,7 @@ class TrainingArguments:
     output_dir: str = flag("outputs", "Checkpoints, final model, metrics.json.")
     do_train: bool = flag(True, "Train (false: only evaluate).")
     do_eval: bool = flag(True, "Evaluate at the end, to metrics.json.")
+    do_predict: bool = flag(False, "Predict --test_file at the end.")
     resume_from_checkpoint: str | None = flag(None, "checkpoint-N folder; default: newest.")
     num_train_epochs: float = flag(3.0, "Epochs to train.")
     max_steps: int = flag(-1, "Steps to train, if > 0 (wins over epochs).")
@@ -46,7 +50,7 @@ class TrainingArguments:
     train_sampling_strategy: str = flag("group_by_length", "Order of train examples.",
                                         ["group_by_length", "random", "sequential"])
     dataloader_drop_last: bool = flag(False, "Drop each rank's last short batch.")
-    dataloader_num_workers: int = flag(0, "Loader processes per rank.")
+    dataloader_num_workers: int | None = flag(None, "Loader processes per rank; None: CPU share, <= 4.")
     dataloader_pin_memory: bool = flag(True, "Pinned memory for copies to the GPU.")
     dataloader_persistent_workers: bool = flag(False, "Keep loader processes alive.")
     # Optimizer and schedule
@@ -77,7 +81,7 @@ class TrainingArguments:
     logging_steps: float = flag(10, "Log every N optimizer steps.")
     logging_first_step: bool = flag(False, "Also log after the first step.")
     disable_tqdm: bool = flag(False, "No progress bar.")
-    report_to: str = flag("none", "TensorBoard in output_dir/runs.", ["none", "tensorboard"])
+    report_to: str = flag("none", "Tracker, offline in output_dir.", TRACKERS)
     eval_strategy: str = flag("no", "Eval during training (end: always).", STRATEGIES)
     eval_steps: float | None = flag(None, "Eval every N steps; None: logging_steps.")
     save_strategy: str = flag("steps", "When to save (end: always).", STRATEGIES)
@@ -87,9 +91,11 @@ class TrainingArguments:
     def __post_init__(self) -> None:
         if not (self.do_train or self.do_eval):
             raise ConfigError("--do_train false and --do_eval false leave nothing to do; keep at least one")
-        if self.report_to == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
-            raise ConfigError("--report_to tensorboard: the tensorboard package is not installed; "
-                              "pip install tensorboard (or leave --report_to at none)")
+        if self.dataloader_num_workers is None:
+            self.dataloader_num_workers = default_dataloader_workers()
+        if self.report_to != "none" and importlib.util.find_spec(self.report_to) is None:
+            raise ConfigError(f"--report_to {self.report_to}: the {self.report_to} package is not installed; "
+                              f'pip install -e ".[{self.report_to}]" (or leave --report_to at none)')
         for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} {getattr(self, name)}: must be >= 1")

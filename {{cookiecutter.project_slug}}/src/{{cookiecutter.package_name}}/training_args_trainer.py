@@ -17,6 +17,7 @@ import transformers
 from .config import ConfigError
 from .distributed import (
     agree_on_precision,
+    default_dataloader_workers,
     env_world_size,
     resolve_device_settings,
     select_device,
@@ -52,6 +53,9 @@ class TrainingArguments(transformers.TrainingArguments):
     remove_unused_columns: bool = field(
         default=False, metadata={"help": "Drop dataset columns the model does not take, before collation."}
     )
+    dataloader_num_workers: int | None = field(
+        default=None, metadata={"help": "Loader processes per rank; None: this process's share of the CPUs, at most 4."}
+    )
     output_dir: str | None = field(default="outputs", metadata={"help": "Checkpoints, final model, metrics.json."})
     logging_steps: float = field(default=10, metadata={"help": "Log every N optimizer steps."})
     save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most this many checkpoints."})
@@ -61,6 +65,8 @@ class TrainingArguments(transformers.TrainingArguments):
             self.disable_tqdm = not sys.stderr.isatty()
         if not (self.do_train or self.do_eval):
             raise ConfigError("--do_train false and --do_eval false leave nothing to do; keep at least one")
+        if self.dataloader_num_workers is None:
+            self.dataloader_num_workers = default_dataloader_workers()
         # Decide device, backend and precision before the parent sets up devices: on a CPU-only
         # machine the Trainer trains each rank alone unless use_cpu is set, and gloo alone does not
         # make the ranks synchronise gradients.

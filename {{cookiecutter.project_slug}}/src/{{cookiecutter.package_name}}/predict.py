@@ -1,0 +1,189 @@
+"""Predict with a trained model: every row of a file, in order, with its predicted label(s) or value.
+
+    python -m <package>.predict --model_name_or_path OUTPUT_DIR --input_file rows.csv --output_file out.csv
+
+The model's config.json says what it was trained on (data.Task): the problem type, the labels, the
+text column(s) and max_seq_length, so predicting on the eval file tokenises exactly as the eval did.
+Under torchrun (or a launch script with MODULE=<package>.predict) each rank predicts every
+world_size-th row of the length-sorted input and rank 0 writes the file: each input row once, in input
+order, its columns followed by the prediction columns. `--do_predict` with `--test_file` runs the
+same at the end of training, into output_dir/predictions.<the test file's suffix>.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from datasets import Dataset, DatasetDict
+from torch.utils.data import DataLoader
+from transformers import AutoModelForSequenceClassification, HfArgumentParser, PreTrainedModel
+
+from .config import DATA_SUFFIXES, ConfigError, ModelArguments, check_local_path
+from .data import Task, build_collator, log_truncation, read_files, tokenize_datasets
+from .distributed import (
+    cleanup_distributed,
+    env_world_size,
+    print_error,
+    resolve_device_settings,
+    select_device,
+    setup_logging,
+    start_process_group,
+)
+from .metrics import predict_from_logits
+from .modeling import load_tokenizer
+
+logger = logging.getLogger(f"{__package__}.predict")
+
+
+@dataclass
+class PredictArguments:
+    model_name_or_path: str = field(metadata={"help": "A trained model: output_dir or a checkpoint-N in it."})
+    input_file: str = field(metadata={"help": "csv, json, jsonl or parquet rows to predict."})
+    output_file: str = field(metadata={"help": "Where to write them, with predictions (csv/json/jsonl/parquet)."})
+    text_column: str | None = field(default=None, metadata={"help": "Default: the model's training column."})
+    text_pair_column: str | None = field(default=None, metadata={"help": "Default: the model's, if any."})
+    multi_label_threshold: float | None = field(default=None, metadata={"help": "Default: the model's."})
+    batch_size: int = field(default=64, metadata={"help": "Rows per process per batch."})
+    use_cpu: bool = field(default=False, metadata={"help": "Predict on CPU even with a GPU."})
+    mixed_precision: str = field(default="auto", metadata={"help": "As for training.",
+                                                           "choices": ["auto", "bf16", "fp16", "no"]})
+
+    def __post_init__(self) -> None:
+        for name in ("input_file", "output_file"):
+            if not getattr(self, name).endswith(DATA_SUFFIXES):
+                raise ConfigError(f"--{name} {getattr(self, name)!r}: use .csv, .json, .jsonl or .parquet")
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch_size {self.batch_size}: must be >= 1")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = HfArgumentParser(PredictArguments, prog=f"python -m {__package__}.predict")
+    try:
+        (args,) = parser.parse_args_into_dataclasses(args=argv)
+        device = select_device(args.use_cpu)
+        settings = resolve_device_settings(args.mixed_precision, use_cpu=device.type == "cpu")
+        if env_world_size() > 1:
+            start_process_group(settings.ddp_backend, 1800, device)
+        setup_logging(int(os.environ.get("RANK", "0")) == 0)
+        try:
+            model, tokenizer, task = load_trained_model(args.model_name_or_path, device)
+            task = replace(task, **{name: getattr(args, name) for name in
+                                    ("text_column", "text_pair_column", "multi_label_threshold")
+                                    if getattr(args, name) is not None})
+            predict_file(model, tokenizer, task, args.input_file, args.output_file, args.batch_size, device,
+                         settings.precision)
+        finally:
+            cleanup_distributed()
+    except ConfigError as err:
+        print_error(str(err))
+        raise SystemExit(2) from None
+
+
+def load_trained_model(path: str, device: torch.device) -> tuple[PreTrainedModel, object, Task]:
+    check_local_path(path)
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--model_name_or_path {path!r} could not be loaded ({type(err).__name__}): pass a "
+                          "trained model's output_dir or one of its checkpoint-N folders") from None
+    tokenizer = load_tokenizer(ModelArguments(model_name_or_path=path))
+    task = Task.from_config(model.config)  # a model trained elsewhere has none: the defaults, within its limit
+    task = replace(task, max_seq_length=min(task.max_seq_length, tokenizer.model_max_length))
+    return model.to(device).eval(), tokenizer, task
+
+
+def predict_file(model: PreTrainedModel, tokenizer, task: Task, input_file: str, output_file: str,
+                 batch_size: int, device: torch.device, precision: str = "no") -> Path | None:
+    """Predict every row of input_file; rank 0 writes them to output_file (and returns its path).
+
+    Every process of the group must call it: each predicts its share, rank 0 gathers them.
+    """
+    rows = read_files({"input": input_file}, flag="--input_file")["input"]
+    for flag, column in (("text_column", task.text_column), ("text_pair_column", task.text_pair_column)):
+        if column is not None and column not in rows.column_names:
+            raise ConfigError(f"--{flag} {column!r} is not a column of {input_file}; columns are: "
+                              f"{', '.join(rows.column_names)}")
+    tokenized = tokenize_datasets(DatasetDict(input=rows), tokenizer, task)
+    log_truncation(tokenized, task.max_seq_length)
+    logits = predict_logits(model, tokenizer, tokenized["input"], batch_size, device, precision)
+    if logits is None:  # not rank 0
+        return None
+    path = write_rows(rows, prediction_columns(logits, task), output_file)
+    logger.info("%d predictions written to %s", len(rows), path)
+    return path
+
+
+@torch.no_grad()
+def predict_logits(model: PreTrainedModel, tokenizer, rows: Dataset, batch_size: int, device: torch.device,
+                   precision: str) -> np.ndarray | None:
+    """Every row's logits, in row order, on rank 0 (None elsewhere).
+
+    Rank r takes every world_size-th row of the length-sorted rows: similar lengths per batch, little
+    padding, and no row twice (a DistributedSampler would repeat rows to even out the ranks).
+    """
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    model.eval()  # no dropout: the same row gives the same prediction every time
+    mine = np.argsort(-np.asarray(rows["length"]), kind="stable")[rank::world_size]
+    collator = build_collator(tokenizer, mixed_precision=precision != "no")
+    loader = DataLoader(rows.select(mine), batch_size=batch_size, collate_fn=collator)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    outputs = []
+    for batch in loader:
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            outputs.append(model(**{key: value.to(device) for key, value in batch.items()}).logits.float().cpu())
+    local = (mine, torch.cat(outputs).numpy() if outputs else np.empty((0, model.config.num_labels)))
+    shares = [local]
+    if world_size > 1:
+        shares = [None] * world_size if rank == 0 else None
+        dist.gather_object(local, shares, dst=0)
+    if rank != 0:
+        return None
+    logits = np.empty((len(rows), model.config.num_labels), dtype=np.float32)
+    for indices, values in shares:
+        logits[indices] = values
+    return logits
+
+
+def prediction_columns(logits: np.ndarray, task: Task) -> dict[str, list]:
+    """`prediction`: the label name, the set of label names (multi-label) or the value (regression);
+    `score`: the predicted class's probability, or one `score_<label>` per label for multi-label."""
+    predictions, scores = predict_from_logits(logits, task.problem_type, task.multi_label_threshold)
+    if task.problem_type == "regression":
+        return {"prediction": predictions.tolist()}
+    if task.problem_type == "multi_label_classification":
+        columns = {"prediction": [[task.label_names[i] for i in np.flatnonzero(row)] for row in predictions]}
+        columns.update({f"score_{name}": scores[:, i].tolist() for i, name in enumerate(task.label_names)})
+        return columns
+    return {"prediction": [task.label_names[i] for i in predictions], "score": scores.tolist()}
+
+
+def write_rows(rows: Dataset, columns: dict[str, list], output_file: str) -> Path:
+    taken = sorted(set(columns) & set(rows.column_names))
+    if taken:
+        raise ConfigError(f"--input_file already has column(s) {', '.join(taken)}, which the predictions would "
+                          "replace: rename them")
+    if output_file.endswith(".csv"):  # a cell holds no list: a label set becomes "a|b"
+        columns = {name: ["|".join(value) if isinstance(value, list) else value for value in values]
+                   for name, values in columns.items()}
+    for name, values in columns.items():
+        rows = rows.add_column(name, values)
+    path = Path(output_file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        rows.to_parquet(path)
+    elif path.suffix == ".csv":
+        rows.to_csv(path, index=False)
+    else:  # .jsonl: one object per line; .json: one array
+        # One batch: datasets writes an array (lines=False) only when the whole of it fits in one.
+        rows.to_json(path, lines=path.suffix == ".jsonl", batch_size=max(len(rows), 1), force_ascii=False)
+    return path
+
+
+if __name__ == "__main__":
+    main()

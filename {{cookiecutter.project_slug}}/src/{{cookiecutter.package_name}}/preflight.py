@@ -1,0 +1,100 @@
+"""Check a run's settings and data in one process, before torchrun starts any worker.
+
+The launch scripts run `python -m <package>.preflight CONFIG [--flag value ...]` first, with the
+train module's own arguments. A bad flag value, a missing file or column, labels that do not fit the
+model or the checkpoint the run would resume, or a global batch larger than the data then end there
+with one `error:` line and exit status 2, instead of in every worker followed by torchrun's traceback.
+The workers check the same things again as they go (their files may differ from this node's).
+PREFLIGHT_WORLD_SIZE is the number of processes the launch will start; PREFLIGHT=0 in the launch
+scripts skips this step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from .config import ConfigError, DataArguments, ModelArguments, check_local_path, parse_args
+from .data import Task, decide_task, load_raw_datasets
+from .distributed import setup_logging
+from .training_args import TrainingArguments
+
+logger = logging.getLogger(f"{__package__}.preflight")
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        world_size = int(os.environ.get("PREFLIGHT_WORLD_SIZE", "1"))
+        model_args, data_args, args = parse_args(TrainingArguments, argv)
+        setup_logging(is_main_process=True)
+        check(model_args, data_args, args, world_size)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments, world_size: int) -> None:
+    check_local_path(model_args.tokenizer_name or model_args.model_name_or_path)
+    check_local_path(model_args.model_name_or_path)
+    raw = load_raw_datasets(data_args, model_args.cache_dir, seed=args.seed)  # also fills the workers' cache
+    task = decide_task(raw, data_args)
+    if not model_args.ignore_mismatched_sizes:
+        check_labels_fit(Path(model_args.model_name_or_path), task, "--model_name_or_path")
+    if args.do_train:
+        checkpoint = resume_checkpoint(args)
+        if checkpoint is not None:
+            check_labels_fit(checkpoint, task, "checkpoint", same_names=True)
+        check_batch_fits(len(raw["train"]), args, world_size)
+    logger.info("preflight: %d train and %d eval examples, %s, labels %s: settings and data look right",
+                len(raw["train"]), len(raw["validation"]), task.problem_type, task.label_names or "none")
+
+
+def resume_checkpoint(args: TrainingArguments) -> Path | None:
+    if args.resume_from_checkpoint is not None:
+        if not Path(args.resume_from_checkpoint).is_dir():
+            raise ConfigError(f"--resume_from_checkpoint {args.resume_from_checkpoint!r} does not exist")
+        return Path(args.resume_from_checkpoint)
+    numbered = [(int(path.name.split("-")[1]), path) for path in Path(args.output_dir).glob("checkpoint-*")
+                if path.name.split("-")[1].isdigit() and path.is_dir()]
+    return max(numbered)[1] if numbered else None
+
+
+def check_labels_fit(model_dir: Path, task: Task, what: str, same_names: bool = False) -> None:
+    """A local model must have a head of the size the task needs; a checkpoint, the same labels."""
+    config = model_dir / "config.json"
+    if not config.is_file():  # a Hub id: the workers check it once downloaded
+        return
+    values = json.loads(config.read_text())
+    if not any(name.endswith("ForSequenceClassification") for name in values.get("architectures") or []):
+        return  # no classifier yet: the run adds one for these labels
+    saved = [values["id2label"][key] for key in sorted(values.get("id2label") or {}, key=int)]
+    names = task.label_names
+    if same_names and (saved if task.problem_type != "regression" else []) != names:
+        raise ConfigError(
+            f"{what} {str(model_dir)!r} was trained for labels {saved}, but the data has labels {names}: use a new "
+            "--output_dir for this data (or pass the checkpoint's data)"
+        )
+    count = len(saved) or values.get("num_labels", 2)  # transformers leaves out the default 2 labels
+    if count != task.num_labels:
+        needs = f"{len(names)} ({', '.join(names)})" if names else "1 (a regression value)"
+        raise ConfigError(
+            f"{what} {str(model_dir)!r} has a classifier for {count} labels, the data needs {needs}: "
+            "pass --ignore_mismatched_sizes true to start a fresh head"
+        )
+
+
+def check_batch_fits(train_size: int, args: TrainingArguments, world_size: int) -> None:
+    global_batch = world_size * args.per_device_train_batch_size * args.gradient_accumulation_steps
+    if global_batch > train_size:
+        raise ConfigError(
+            f"one optimizer step takes {global_batch} examples ({world_size} processes x "
+            f"--per_device_train_batch_size {args.per_device_train_batch_size} x --gradient_accumulation_steps "
+            f"{args.gradient_accumulation_steps}), more than the {train_size} train examples: lower them"
+        )
+
+
+if __name__ == "__main__":
+    main()

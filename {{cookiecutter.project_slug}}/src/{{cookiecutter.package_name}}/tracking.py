@@ -1,0 +1,140 @@
+"""Experiment tracking (--report_to): offline by default, from rank 0 only, one tracker run per output_dir.
+
+`configure_tracker` runs on every rank before anything logs. It fills in the environment variables
+each tracker reads, only where you have not set them: TensorBoard in output_dir/runs, wandb offline
+in output_dir/wandb, mlflow to a SQLite file, output_dir/mlflow.db (mlflow 3 refuses its old
+./mlruns file store unless told otherwise). Rank 0 records the tracker's run id in
+output_dir/tracker_run.json the first time, and every later run of that output_dir (a resume)
+continues the same run. The Trainer's own callbacks (report_to) read this environment; the native
+loop logs through `start_tracker`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+TRACKERS = ["none", "tensorboard", "wandb", "mlflow"]  # each one's package: an extra in pyproject.toml
+RUN_FILE = "tracker_run.json"
+PROJECT = __package__.split(".")[0]  # the wandb project and mlflow experiment, unless set
+
+
+def configure_tracker(report_to: Collection[str], output_dir: str, is_main_process: bool) -> None:
+    """Set each chosen tracker's defaults (offline, under output_dir) and, on rank 0, its run id (and
+    start mlflow's run)."""
+    output = Path(output_dir).resolve()
+    if is_main_process and set(report_to) & set(TRACKERS[1:]):
+        output.mkdir(parents=True, exist_ok=True)
+    if "tensorboard" in report_to:  # a resumed run appends to the same folder
+        os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(output / "runs"))
+    if "wandb" in report_to:
+        os.environ.setdefault("WANDB_MODE", "offline")
+        os.environ.setdefault("WANDB_DIR", str(output))
+        os.environ.setdefault("WANDB_PROJECT", PROJECT)
+        if is_main_process and "WANDB_RUN_ID" not in os.environ:
+            os.environ.update(WANDB_RUN_ID=recorded_run_id(output, "wandb", lambda: secrets.token_hex(4)),
+                              WANDB_RESUME="allow")
+    if "mlflow" in report_to:
+        os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{output / 'mlflow.db'}")
+        os.environ.setdefault("MLFLOW_EXPERIMENT_NAME", PROJECT)
+        if is_main_process:
+            start_mlflow_run(output)
+
+
+def recorded_run_id(output: Path, key: str, new_run_id: Callable[[], str]) -> str:
+    """The run id in output/tracker_run.json under key; a new one, recorded there, on the first run."""
+    path = output / RUN_FILE
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    if key not in record:
+        record[key] = new_run_id()
+        path.write_text(json.dumps(record, indent=1) + "\n")
+    return record[key]
+
+
+def start_mlflow_run(output: Path) -> None:
+    """Make output_dir's mlflow run (or MLFLOW_RUN_ID) the active run of this process, on rank 0.
+
+    Started here, the Trainer's MLflowCallback logs into it and leaves it open: started by the
+    callback, it would end at the end of training and the final evaluation would start a new run.
+    A resumed run keeps its first flags (mlflow refuses to change a param), so the callback logs none.
+    """
+    import mlflow
+
+    key = f"mlflow {os.environ['MLFLOW_TRACKING_URI']}"  # a run id belongs to one store
+    run_id = os.environ.pop("MLFLOW_RUN_ID", None) or recorded_run_id(output, key, new_mlflow_run)
+    if mlflow.start_run(run_id=run_id).data.params:
+        os.environ.setdefault("MLFLOW_MAX_LOG_PARAMS", "0")
+
+
+def new_mlflow_run() -> str:
+    import mlflow
+
+    experiment = mlflow.set_experiment(os.environ["MLFLOW_EXPERIMENT_NAME"])  # created if missing
+    return mlflow.MlflowClient().create_run(experiment.experiment_id).info.run_id
+
+
+class TensorBoardTracker:
+    def __init__(self, config: dict) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(os.environ["TENSORBOARD_LOGGING_DIR"])
+        self.writer.add_text("args", json.dumps(config, indent=1))
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        for key, value in scalars.items():
+            self.writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbTracker:
+    def __init__(self, config: dict) -> None:
+        import wandb
+
+        self.run = wandb.init(config=config)  # project, mode, folder, run id and resume: from the environment
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        self.run.log(scalars, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowTracker:
+    def __init__(self, config: dict) -> None:
+        import mlflow
+
+        self.mlflow = mlflow  # configure_tracker started the run
+        if not mlflow.active_run().data.params:  # a resumed run keeps its first flags
+            mlflow.log_params(config)
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        self.mlflow.log_metrics(scalars, step=step)
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+Tracker = TensorBoardTracker | WandbTracker | MlflowTracker
+TRACKER_CLASSES = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "mlflow": MlflowTracker}
+
+
+def start_tracker(report_to: str, output_dir: str, config: dict, is_main_process: bool) -> Tracker | None:
+    """The native loop's tracker: configured on every rank, started on rank 0 only (None elsewhere, and
+    for none). It has log(scalars, step) and close()."""
+    configure_tracker([report_to], output_dir, is_main_process)
+    return TRACKER_CLASSES[report_to](config) if report_to != "none" and is_main_process else None
+
+
+def close_trackers() -> None:
+    """End the wandb and mlflow runs the Trainer's callbacks leave open until exit, where wandb would
+    print its closing lines with colour codes into log files. A package not imported was not used."""
+    if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
+        sys.modules["wandb"].finish()
+    if "mlflow" in sys.modules and sys.modules["mlflow"].active_run() is not None:
+        sys.modules["mlflow"].end_run()

@@ -1,0 +1,110 @@
+"""A bad setting given to a launch script ends with one `error:` line before torchrun starts anything.
+
+Each case runs scripts/train_single_node.sh for real (2 processes asked for), as a user would. The
+preflight (python -m <package>.preflight) must refuse it: exit status 2, one line on stderr, no
+torchrun command shown, no traceback, no output_dir created. Errors only a worker can find are
+printed once, by the first process of the node.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import PACKAGE, REPO_ROOT, finish, run_env, smoke_flags, start
+
+SCRIPT = REPO_ROOT / "scripts" / "train_single_node.sh"
+
+
+def launch(flags: list[str], **env: str) -> subprocess.CompletedProcess:
+    return finish(start([str(SCRIPT), *flags], run_env(NPROC_PER_NODE="2", **env)), timeout=180)
+
+
+def write_csv(path: Path, labels: list[str]) -> Path:
+    path.write_text("text,label\n" + "".join(f"review number {i},{label}\n" for i, label in enumerate(labels)))
+    return path
+
+
+def with_flag(flags: list[str], name: str, value: str) -> list[str]:
+    if name in flags:
+        flags = list(flags)
+        flags[flags.index(name) + 1] = value
+        return flags
+    return [*flags, name, value]
+
+
+# (case id, how to break smoke flags, text the one error line holds)
+BAD_SETTINGS = [
+    ("flag value", lambda flags, tmp: [*flags, "--learning_rate", "fast"], "invalid float value: 'fast'"),
+    ("unknown flag", lambda flags, tmp: [*flags, "--lerning_rate", "1e-3"], "unrecognized arguments: --lerning_rate"),
+    ("range", lambda flags, tmp: [*flags, "--max_seq_length", "0"], "--max_seq_length 0: must be >= 1"),
+    ("missing file", lambda flags, tmp: with_flag(flags, "--train_file", str(tmp / "nope.csv")),
+     "--train_file '{tmp}/nope.csv' not found"),
+    ("missing column", lambda flags, tmp: [*flags, "--text_column", "body"],
+     "--text_column 'body' is not a column of the train split; columns are: text, label"),
+    ("two data sources", lambda flags, tmp: [*flags, "--dataset_name", "imdb"], "--dataset_name imdb and --train_file"),
+    ("batch larger than the data", lambda flags, tmp: [*flags, "--per_device_train_batch_size", "200"],
+     "one optimizer step takes 400 examples (2 processes x --per_device_train_batch_size 200"),
+    ("labels the model has no head for",
+     lambda flags, tmp: with_flag(with_flag(flags, "--train_file", str(write_csv(tmp / "three.csv", list("abcabc")))),
+                                  "--validation_file", str(tmp / "three.csv")),
+     "has a classifier for 2 labels, the data needs 3 (a, b, c): pass --ignore_mismatched_sizes true"),
+    ("missing model", lambda flags, tmp: with_flag(flags, "--model_name_or_path", str(tmp / "no-model")),
+     "could not be loaded (no such folder)"),
+]
+
+
+@pytest.mark.parametrize("case, breaks, expected", BAD_SETTINGS, ids=[case for case, _, _ in BAD_SETTINGS])
+def test_a_bad_setting_is_one_error_line_before_any_worker_starts(
+    smoke_assets: Path, tmp_path: Path, case: str, breaks, expected: str
+) -> None:
+    output_dir = tmp_path / "out"
+    flags = breaks(smoke_flags(smoke_assets, output_dir), tmp_path)
+    result = launch(flags)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    error_lines = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(error_lines) == 1, result.stderr
+    assert expected.format(tmp=tmp_path) in error_lines[0]
+    assert result.stderr.strip().splitlines()[-1] == error_lines[0]  # the last word is the error
+    assert "torch.distributed.run" not in result.stderr, "torchrun was started"
+    assert "Traceback" not in result.stdout + result.stderr
+    assert not output_dir.exists()
+
+
+def test_labels_that_differ_from_the_checkpoint_in_output_dir_are_refused_before_launch(
+    smoke_assets: Path, tmp_path: Path
+) -> None:
+    output_dir = tmp_path / "out"
+    trained = subprocess.run(
+        [sys.executable, "-m", f"{PACKAGE}.train", *smoke_flags(smoke_assets, output_dir), "--max_steps", "2"],
+        cwd=REPO_ROOT, env=run_env(), capture_output=True, text=True, timeout=300)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    own_data = str(write_csv(tmp_path / "own.csv", ["bad", "good", "so-so"] * 4))
+    flags = with_flag(with_flag(smoke_flags(smoke_assets, output_dir), "--train_file", own_data),
+                      "--validation_file", own_data)
+    result = launch([*flags, "--ignore_mismatched_sizes", "true"])
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: checkpoint '{output_dir}/checkpoint-2' was trained for labels ['negative', 'positive'], but the data "
+        "has labels ['bad', 'good', 'so-so']: use a new --output_dir for this data (or pass the checkpoint's data)"
+    ]
+
+
+def test_a_good_run_passes_the_preflight_and_says_so(smoke_assets: Path, tmp_path: Path) -> None:
+    flags = [*smoke_flags(smoke_assets, tmp_path), "--max_steps", "2", "--save_strategy", "no"]
+    result = launch(flags)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert ("preflight: 256 train and 101 eval examples, single_label_classification, labels ['negative', "
+            "'positive']: settings and data look right") in result.stdout
+    assert json.loads((tmp_path / "metrics.json").read_text())["train_steps"] == 2
+
+
+def test_an_error_found_in_the_workers_is_printed_once(smoke_assets: Path, tmp_path: Path) -> None:
+    # PREFLIGHT=0 skips the check, so both workers meet the bad column themselves.
+    result = launch([*smoke_flags(smoke_assets, tmp_path), "--text_column", "body"], PREFLIGHT="0")
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert output.count("error: --text_column 'body' is not a column") == 1, output[-3000:]
