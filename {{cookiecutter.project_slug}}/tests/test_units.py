@@ -315,7 +315,8 @@ def test_invalid_yaml_is_refused(tmp_path: Path) -> None:
         parse_args([config])
 
 
-@pytest.mark.parametrize("config", ["smoke.yaml", "default.yaml", "local_files.yaml"])
+@pytest.mark.parametrize("config", ["smoke.yaml", "default.yaml", "local_files.yaml", "smoke_pairs.yaml",
+                                    "smoke_regression.yaml", "smoke_multilabel.yaml"])
 def test_shipped_configs_parse_and_every_value_lands(config: str) -> None:
     path = REPO_ROOT / "configs" / config
     # default.yaml holds the generated mixed_precision answer; fp16 is refused on a CPU-only machine.
