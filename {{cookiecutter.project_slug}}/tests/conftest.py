@@ -87,3 +87,7 @@ def torchrun(args: list[str], nproc: int = 2, timeout: int = 300, check: bool = 
     if check and result.returncode != 0:
         pytest.fail(f"torchrun exited {result.returncode}:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
     return result
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slurm: starts a real SLURM cluster (root; installs slurm-wlm if missing)")
