@@ -107,10 +107,11 @@ def write_assets(project: Path, data: Path, sizes: dict) -> None:
                              f"not {stored} only")
 
 
-def train(project: Path, run_dir: Path, flags: list[str], warmup: int) -> tuple[subprocess.CompletedProcess, float]:
+def train(project: Path, run_dir: Path, flags: list[str], warmup: int,
+          **env_overrides: str) -> tuple[subprocess.CompletedProcess, float]:
     env = dict(os.environ, PYTHON=sys.executable, NPROC_PER_NODE="1", PYTHONPATH=str(BENCH / "probe"),
                BENCH_PROBE_DIR=str(run_dir / "probe"), BENCH_PROBE_WARMUP_STEPS=str(warmup),
-               HF_HOME=str(run_dir / "hf"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+               HF_HOME=str(run_dir / "hf"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **env_overrides)
     # The project's config for a real run on local files (older renders: the default one).
     config = next(name for name in ("configs/local_files.yaml", "configs/default.yaml") if (project / name).is_file())
     command = [str(project / "scripts" / "train_single_node.sh"), config,
@@ -163,6 +164,24 @@ def throughput(loop: str, project: Path, data: Path, workdir: Path, sizes: dict,
         "loop_train_samples_per_s": metrics.get("train_samples_per_second"),
         "peak_rss_mib": probe["peak_rss_mib"],
     }
+
+
+def several_gpus(loop: str, project: Path, data: Path, workdir: Path, sizes: dict, gpus: str) -> dict:
+    """The launch as users start it on a node of several GPUs: NPROC_PER_NODE=auto, one process per GPU, nccl.
+
+    One process on one GPU cannot show what only several processes on one node do (the preflight
+    parsing on a node of many GPUs, each rank pinning its own, NCCL between them).
+    """
+    run_dir = workdir / f"several-{loop}"
+    flags = ["--model_name_or_path", str(data / "model-float32"), "--train_file", str(data / "train.jsonl"),
+             "--validation_file", str(data / "validation.jsonl"), "--max_steps", "20",
+             "--per_device_train_batch_size", str(sizes["batch"]), "--per_device_eval_batch_size", str(sizes["batch"]),
+             "--mixed_precision", "auto", "--eval_strategy", "no", "--save_strategy", "no"]
+    result, wall = train(project, run_dir, flags, warmup=0, NPROC_PER_NODE="auto", CUDA_VISIBLE_DEVICES=gpus)
+    count = len(gpus.split(","))
+    passed = result.returncode == 0 and f"world size {count}, device cuda:0, backend nccl" in result.stdout
+    detail = f"{count} processes, exit {result.returncode}" + ("" if passed else f": {last_error(result)}")
+    return {"loop": loop, "gpus": count, "wall_s": round(wall, 1), "passed": passed, "detail": detail}
 
 
 def half_precision(loop: str, project: Path, data: Path, workdir: Path, sizes: dict, dtype: str, precision: str):
@@ -234,6 +253,8 @@ def main() -> int:
              "torch, or pass --cpu to check this script's logic on the CPU")
         return 1
     # One process drives one GPU (the loops refuse a single process that sees several); --cpu hides them all.
+    # With several GPUs, several_gpus then starts one process on each.
+    every_gpu = ",".join(str(index) for index in range(torch.cuda.device_count())) if device == "cuda" else ""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES") or "0"
     os.environ["CUDA_VISIBLE_DEVICES"] = "" if device == "cpu" else visible.split(",")[0]
     device_name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (--cpu)"
@@ -265,17 +286,33 @@ def main() -> int:
                     fail(f"{loop} from the {dtype} checkpoint with --mixed_precision {precision}: {half['detail']}")
                 print(f"{loop} {dtype} {precision}: {'pass' if half['passed'] else 'FAIL'}", file=sys.stderr,
                       flush=True)
+        severals = []
+        if "," in every_gpu:  # 2 or more GPUs
+            for loop in LOOPS:
+                several = several_gpus(loop, projects[loop], data, workdir, sizes, every_gpu)
+                severals.append(several)
+                if not several["passed"]:
+                    fail(f"{loop} on {several['gpus']} GPUs: {several['detail']}")
+                print(f"{loop} on {several['gpus']} GPUs: {'pass' if several['passed'] else 'FAIL'}", file=sys.stderr,
+                      flush=True)
+        else:
+            print("one GPU here: the run with one process per GPU needs 2 or more", file=sys.stderr, flush=True)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
     targets = report(device_name, peak, runs, halves, cpu=device == "cpu")
+    for several in severals:
+        print(f"- {several['loop']} on {several['gpus']} GPUs, one process each: "
+              f"{'pass' if several['passed'] else 'FAIL'} ({several['detail']}, {several['wall_s']} s)")
     elapsed = time.perf_counter() - started
     print(f"\ngpu check took {elapsed:.0f} s")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"device": device_name, "peak_bf16_tflops": peak, "torch": torch.__version__,
                                      "sizes": sizes, "throughput": runs, "half_precision": halves,
+                                     "several_gpus": severals,
                                      "targets": targets, "elapsed_s": elapsed}, indent=1) + "\n")
-    failed = len(runs) < len(LOOPS) or not all(half["passed"] for half in halves) or (device == "cuda" and peak is None)
+    failed = (len(runs) < len(LOOPS) or not all(run["passed"] for run in [*halves, *severals])
+              or (device == "cuda" and peak is None))
     if failed:
         fail("some runs failed; see the error lines above")
     return 1 if failed else 0

@@ -22,7 +22,7 @@ from conftest import PACKAGE, REPO_ROOT, finish, run_env, smoke_flags, start, to
 DOCTOR = f"{PACKAGE}.doctor"
 LINE = re.compile(r"^(PASS|WARN|FAIL|SKIP)  (.+?)(?: \(node \d+, [^)]*\))?: (.*)$", re.MULTILINE)
 # Checked once per node, then once for all ranks together (printed by rank 0).
-NODE_CHECKS = ["config", "versions", "torchrun", "restarts", "GPUs", "master"]
+NODE_CHECKS = ["config", "versions", "torchrun", "restarts", "GPUs", "precision", "master"]
 ALL_RANKS_CHECKS = ["backend", "same versions", "threads", "master port", "output_dir"]
 
 

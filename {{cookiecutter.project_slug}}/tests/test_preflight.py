@@ -98,7 +98,7 @@ def test_a_good_run_passes_the_preflight_and_says_so(smoke_assets: Path, tmp_pat
     result = launch(flags)
     assert result.returncode == 0, result.stderr[-3000:]
     assert ("preflight: 256 train and 101 eval examples, single_label_classification, labels ['negative', "
-            "'positive']: settings and data look right") in result.stdout
+            "'positive'], 2 process(es) on CPU, precision no: settings and data look right") in result.stdout
     assert json.loads((tmp_path / "metrics.json").read_text())["train_steps"] == 2
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import logging
 import operator
 from pathlib import Path
 
@@ -113,13 +114,15 @@ def test_bf16_on_a_gpu_that_only_emulates_it_is_refused_naming_the_alternatives(
         resolve_device_settings("auto", bf16=True, cuda_available=True, bf16_supported=False)
 
 
-def test_bf16_support_is_read_only_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bf16_support_is_read_from_this_ranks_gpu_without_emulation_or_pinning(monkeypatch: pytest.MonkeyPatch) -> None:
     asked = []
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation: asked.append(including_emulation))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: asked.append(index) or (7, 0))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: pytest.fail("a query must not pin a GPU"))
     resolve_device_settings("bf16", cuda_available=False)
     assert asked == []
-    resolve_device_settings("auto", cuda_available=True)
-    assert asked == [False], "emulated bf16 must not count as support"
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert resolve_device_settings("auto", cuda_available=True).precision == "fp16"  # 7.0: bf16 only emulated
+    assert asked == [3]
 
 
 @pytest.fixture
@@ -141,6 +144,14 @@ def test_several_gpus_in_one_process_without_torchrun_are_refused(gpus) -> None:
                                           r"scripts/train_single_node.sh \(torchrun\), or set CUDA_VISIBLE_DEVICES=0$"):
         distributed.select_device(use_cpu=False)
     assert pinned == []
+
+
+def test_predict_alone_with_several_gpus_takes_the_first_and_says_so(gpus, caplog) -> None:
+    pinned = gpus(8)
+    with caplog.at_level(logging.INFO):
+        assert distributed.select_device(use_cpu=False, several_gpus="first") == torch.device("cuda", 0)
+    assert pinned == [0]
+    assert "8 GPUs are visible to this one process: it uses cuda:0 alone" in caplog.text
 
 
 def test_each_torchrun_rank_pins_its_local_gpu(gpus, monkeypatch: pytest.MonkeyPatch) -> None:

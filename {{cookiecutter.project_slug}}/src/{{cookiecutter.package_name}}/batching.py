@@ -16,7 +16,8 @@ import torch
 from datasets import Dataset
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from .config import ConfigError
+from .config import ConfigError, check_batch_fits
+from .distributed import keep_through_sigterm
 from .training_args import TrainingArguments
 
 logger = logging.getLogger(__name__)
@@ -144,6 +145,7 @@ def build_loader(dataset: Dataset, args: TrainingArguments, collator, batch_size
         pin_memory=args.dataloader_pin_memory and on_gpu,
         drop_last=args.dataloader_drop_last and sampler is not None,
         persistent_workers=workers > 0 and args.dataloader_persistent_workers,
+        worker_init_fn=keep_through_sigterm(),  # so that a SIGTERM to every process leaves time to save
         # Its own generator: starting an epoch then draws no numbers from the global RNG, which
         # stays dropout's alone, so a resumed run draws the same dropout masks as an uninterrupted one.
         generator=torch.Generator().manual_seed(args.seed),
@@ -201,13 +203,8 @@ def resumed_accumulation_steps(saved: dict[str, int] | None, args: TrainingArgum
 def plan_batches(train_size: int, train_loader: DataLoader, args: TrainingArguments, world_size: int,
                  accumulation: int) -> BatchPlan:
     per_device = args.per_device_train_batch_size
-    if train_size < per_device * world_size:
-        raise ConfigError(
-            f"the train set has {train_size} examples, fewer than one batch across all processes "
-            f"(--per_device_train_batch_size {per_device} x WORLD_SIZE {world_size}); lower the batch size, "
-            "start fewer processes or add data"
-        )
-    micro_batches = len(train_loader)  # >= 1: every rank's shard holds at least one full batch
+    check_batch_fits(train_size, world_size, per_device, accumulation)
+    micro_batches = len(train_loader)  # >= accumulation: the train set holds at least one full step
     # A last optimizer step of the epoch with fewer micro-batches than the others is still taken.
     steps_per_epoch = math.ceil(micro_batches / accumulation)
     total_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)

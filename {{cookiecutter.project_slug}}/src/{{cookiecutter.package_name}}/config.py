@@ -96,6 +96,35 @@ class DataArguments:
             raise ConfigError("--validation_split_percentage must be between 1 and 99")
 
 
+def check_training_settings(args: Any) -> None:
+    """Batch sizes, accumulation and steps, as both loops' TrainingArguments refuse them while parsing,
+    so that the preflight, the Trainer and the native loop accept and refuse the same settings."""
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name} {getattr(args, name)}: must be >= 1")
+    if args.do_train and args.max_steps <= 0 and args.num_train_epochs <= 0:
+        raise ConfigError(f"--num_train_epochs {args.num_train_epochs} trains nothing: pass a number of epochs > 0, "
+                          "or --max_steps > 0")
+    for name in ("logging_steps", "save_steps", "eval_steps"):
+        value = getattr(args, name)
+        if value is not None and (value <= 0 or (value > 1 and value != int(value))):
+            raise ConfigError(f"--{name} {value}: use a whole number of steps, or a fraction of the run below 1")
+    if args.warmup_steps < 0:
+        raise ConfigError(f"--warmup_steps {args.warmup_steps}: must be >= 0 (below 1: a fraction of all steps)")
+
+
+def check_batch_fits(train_size: int, world_size: int, per_device_batch_size: int, accumulation_steps: int) -> None:
+    """One optimizer step must find its examples in the train set: the preflight and both loops check this."""
+    global_batch = world_size * per_device_batch_size * accumulation_steps
+    if global_batch > train_size:
+        raise ConfigError(
+            f"one optimizer step takes {global_batch} examples ({world_size} processes x "
+            f"--per_device_train_batch_size {per_device_batch_size} x --gradient_accumulation_steps "
+            f"{accumulation_steps}), more than the {train_size} train examples: lower them, start fewer processes "
+            "or add data"
+        )
+
+
 def model_not_found(name: str, reason: str) -> ConfigError:
     hint = "Offline? Use a local folder made with save_pretrained."
     if "smoke_assets" in Path(name).parts:

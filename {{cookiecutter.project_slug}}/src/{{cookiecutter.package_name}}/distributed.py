@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -19,6 +20,7 @@ import torch.distributed as dist
 import transformers
 
 from .config import ConfigError
+from .torchrun import STOPPED_EXIT_CODE  # noqa: F401 - the loops import it from here
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,8 @@ def resolve_device_settings(
     """Choose device, DDP backend and precision; refuse the combinations that silently misbehave.
 
     `--fp16`/`--bf16` given directly win over `--mixed_precision auto`. fp16 on CPU is refused:
-    there it silently runs in fp32.
+    there it silently runs in fp32. Only queries: bf16 support is read from this process's GPU
+    (LOCAL_RANK) without pinning it, so argument parsing and the preflight can call this anywhere.
     """
     if mixed_precision not in ("auto", "bf16", "fp16", "no"):
         raise ConfigError(f"--mixed_precision {mixed_precision!r}: use auto, bf16, fp16 or no")
@@ -58,9 +61,7 @@ def resolve_device_settings(
     precision = explicit or mixed_precision
     if on_gpu and precision in ("auto", "bf16"):
         if bf16_supported is None:
-            # Of the current GPU: call this after pinning the rank's GPU (select_device).
-            # Without emulation: V100 and T4 "support" bf16 only by emulating it, slowly.
-            bf16_supported = torch.cuda.is_bf16_supported(including_emulation=False)
+            bf16_supported = gpu_has_native_bf16(local_device_index())
         if precision == "bf16" and not bf16_supported:
             raise ConfigError("--mixed_precision bf16: this GPU has no native bf16 (V100 and T4 only emulate it, "
                              "slowly); use --mixed_precision fp16 or auto")
@@ -77,21 +78,56 @@ def resolve_device_settings(
     return DeviceSettings(use_cpu=not on_gpu, ddp_backend=ddp_backend, precision=precision)
 
 
-def select_device(use_cpu: bool) -> torch.device:
+def local_device_index() -> int:
+    """The GPU this process drives: torchrun's LOCAL_RANK, 0 for a single process."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def gpu_has_native_bf16(index: int) -> bool:
+    """A query of the GPU's compute capability (8.0, Ampere, and up), claiming no GPU and starting no kernel.
+
+    Not torch.cuda.is_bf16_supported(): that reads the *current* device, GPU 0 until a rank pins its
+    own, and with emulation counted, V100 and T4 "support" bf16, slowly.
+    """
+    if torch.version.hip:
+        return True  # every ROCm GPU torch supports computes in bf16
+    return torch.cuda.get_device_capability(index) >= (8, 0)
+
+
+def select_device(use_cpu: bool, several_gpus: str = "refuse") -> torch.device:
     """This rank's device, pinned as the current CUDA device before anything else touches CUDA.
 
-    NCCL binds to the current GPU, and bf16 support is read from it: unpinned, every rank would use
-    GPU 0. One process without torchrun and several visible GPUs is refused: the Trainer would wrap
-    the model in DataParallel (a batch per GPU, no DDP) and the native loop would use GPU 0 alone.
+    NCCL binds to the current GPU: unpinned, every rank would use GPU 0. A run's setup calls this,
+    never argument parsing, so that a one-process check (preflight, doctor) can parse the same flags
+    on a node of 8 GPUs. One process without torchrun and several visible GPUs: training refuses
+    (several_gpus="refuse"): the Trainer would wrap the model in DataParallel (a batch per GPU, no
+    DDP) and the native loop would use GPU 0 alone. Prediction takes the first (several_gpus="first").
     """
     if use_cpu or not torch.cuda.is_available():
         return torch.device("cpu")
-    if "LOCAL_RANK" not in os.environ and torch.cuda.device_count() > 1:
-        raise ConfigError(f"{torch.cuda.device_count()} GPUs are visible to one process: start one process per GPU "
-                          "with scripts/train_single_node.sh (torchrun), or set CUDA_VISIBLE_DEVICES=0")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    count = torch.cuda.device_count()
+    if "LOCAL_RANK" not in os.environ and count > 1:
+        if several_gpus == "refuse":
+            raise ConfigError(f"{count} GPUs are visible to one process: start one process per GPU with "
+                              "scripts/train_single_node.sh (torchrun), or set CUDA_VISIBLE_DEVICES=0")
+        logging.getLogger(__package__).info("%d GPUs are visible to this one process: it uses cuda:0 alone", count)
+    local_rank = local_device_index()
     torch.cuda.set_device(local_rank)
     return torch.device("cuda", local_rank)
+
+
+def start_distributed(settings: DeviceSettings, timeout_seconds: int, several_gpus: str = "refuse") -> torch.device:
+    """The run's setup, for the loops, predict and the doctor: pin this rank's device, then join torchrun's
+    process group (when WORLD_SIZE > 1 and it is not joined yet). Returns the device.
+
+    The settings are logged first: if joining the group hangs, the log says what it was waiting for.
+    """
+    device = select_device(settings.use_cpu, several_gpus)
+    logging.getLogger(__package__).info("world size %d, device %s, backend %s, precision %s", env_world_size(),
+                                        device, settings.ddp_backend, settings.precision)
+    if env_world_size() > 1 and not dist.is_initialized():
+        start_process_group(settings.ddp_backend, timeout_seconds, device)
+    return device
 
 
 def start_process_group(backend: str | None, timeout_seconds: int, device: torch.device) -> None:
@@ -236,16 +272,37 @@ def agree_on_resume_checkpoint(
     return checkpoint
 
 
-# Exit status of a run that stopped on SIGTERM after writing its checkpoint: 128 + SIGTERM, as if
-# killed by it, so that neither torchrun nor a scheduler mistakes it for a finished run.
-STOPPED_EXIT_CODE = 128 + signal.SIGTERM
+def _hold_sigterm() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+def _release_sigterm() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+_forks_hold_sigterm = False
+
+
+def fork_loader_workers_immune_to_sigterm() -> None:
+    """From now on every process this one forks (the loader workers of each epoch) starts with SIGTERM
+    blocked, and its worker_init_fn (keep_through_sigterm) then ignores it.
+
+    SLURM signals every process of a job step. A loader worker forked just then would die of it before
+    its worker_init_fn runs (PyTorch's workers die of a SIGTERM that does not come from their parent),
+    and the run with it, before it saves. Here a SIGTERM that comes during the fork waits for its end.
+    """
+    global _forks_hold_sigterm
+    if not _forks_hold_sigterm:
+        os.register_at_fork(before=_hold_sigterm, after_in_parent=_release_sigterm)
+        _forks_hold_sigterm = True
 
 
 class StopRequest:
     """SIGTERM asks the run to stop at the next step that every rank reaches, and to save it there.
 
-    SLURM sends it before a time limit or preemption (--signal), Kubernetes before it evicts a pod,
-    and torchrun passes it on to its workers, which it kills 30 s later. The ranks can get it at
+    SLURM sends it to every process of the job step on preemption, requeue or cancel (and
+    train_slurm.sbatch does before a time limit), Kubernetes to torchrun before it evicts a pod, and
+    torchrun passes it on to its workers, which it kills --shutdown_timeout (30) s later. The ranks can get it at
     different steps, so after each step they agree with one tiny all_reduce, on a CPU (gloo) group
     so that the host never waits for the GPU for it.
     """
@@ -256,6 +313,7 @@ class StopRequest:
         if is_distributed():  # every rank creates the group: new_group is collective
             self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         signal.signal(signal.SIGTERM, self.on_signal)
+        fork_loader_workers_immune_to_sigterm()
 
     def on_signal(self, signum: int, frame: object) -> None:
         self.signalled = True
@@ -267,6 +325,23 @@ class StopRequest:
         flag = torch.tensor([int(self.signalled)])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         return bool(flag.item())
+
+
+def keep_through_sigterm(worker_init_fn: Callable[[int], None] | None = None) -> Callable[[int], None]:
+    """A DataLoader worker_init_fn: the loader worker ignores SIGTERM, then runs worker_init_fn.
+
+    SLURM signals every process of a job step, loader workers too, and PyTorch's workers die of a
+    SIGTERM that does not come from their parent: the run would end with "DataLoader worker is killed
+    by signal: Terminated" before it saves. Ignoring it, a worker still ends with its parent: the
+    DataLoader shuts it down, or it sees its parent gone. (See also fork_loader_workers_immune_to_sigterm.)
+    """
+    return functools.partial(_ignore_sigterm_then, worker_init_fn)
+
+
+def _ignore_sigterm_then(worker_init_fn: Callable[[int], None] | None, worker_id: int) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
 
 
 def cleanup_distributed() -> None:

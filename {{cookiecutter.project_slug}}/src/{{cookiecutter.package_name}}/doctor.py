@@ -16,10 +16,10 @@ holds that port, so it cannot be free), that every rank sees every other rank's 
 output_dir (checkpoints and resume need one filesystem shared by all nodes), and that all ranks run
 the same torch, CUDA and NCCL.
 
-It reads only output_dir, use_cpu, ddp_backend and ddp_timeout from CONFIG and the flags, and
-leaves the other flags to train. It does not build the loop's TrainingArguments: for the Trainer
-that starts the process group and agrees on precision across ranks, so a rank that failed to
-parse would leave the others waiting in a collective.
+It reads only output_dir, use_cpu, ddp_backend, ddp_timeout and the precision flags from CONFIG and
+the flags, and leaves the other flags to the preflight and train: a CONFIG with a mistake elsewhere
+still gets its cluster checked. The GPU checks only query the devices (count, name, memory, compute
+capability); they claim none.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import torch.distributed as dist
 from transformers.hf_argparser import string_to_bool
 
 from .config import ConfigError, load_config_file, split_config_path
-from .distributed import cleanup_distributed, resolve_device_settings, select_device, start_process_group
+from .distributed import cleanup_distributed, resolve_device_settings, start_distributed
 from .training_args import TrainingArguments
 
 # A preflight must not hang for --ddp_timeout (30 minutes by default): collectives wait this long at most.
@@ -52,7 +52,7 @@ CONNECT_TIMEOUT_S = 5
 # all_reduce sizes: 4 bytes for the round trip, then enough to approach the link's bandwidth.
 BANDWIDTH_BYTES = {"nccl": 256 * 2**20, "gloo": 16 * 2**20}
 ROUND_TRIPS, BANDWIDTH_ROUNDS = 20, 5
-SETTINGS = ("output_dir", "use_cpu", "ddp_backend", "ddp_timeout")
+SETTINGS = ("output_dir", "use_cpu", "ddp_backend", "ddp_timeout", "mixed_precision", "fp16", "bf16")
 
 
 @dataclass
@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
     # What holds for the whole node: printed once per node, before anything that could hang.
     if launch.local_rank == 0:
-        for check in (check_config, check_versions, check_torchrun, check_restarts, check_gpus, check_master):
+        for check in (check_config, check_versions, check_torchrun, check_restarts, check_gpus, check_precision,
+                      check_master):
             report(check(launch, settings), printed=True)
     if launch.world_size == 1:
         report(check_threads(local_threads(launch)), printed=True)
@@ -155,6 +156,9 @@ def read_settings(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--use_cpu", type=string_to_bool, nargs="?", const=True)
     parser.add_argument("--ddp_backend")
     parser.add_argument("--ddp_timeout", type=int)
+    parser.add_argument("--mixed_precision")
+    parser.add_argument("--fp16", type=string_to_bool, nargs="?", const=True)
+    parser.add_argument("--bf16", type=string_to_bool, nargs="?", const=True)
     defaults = {field.name: field.default for field in dataclasses.fields(TrainingArguments) if field.name in SETTINGS}
     problem = None
     try:
@@ -251,8 +255,24 @@ def describe_gpus(count: int) -> str:
     names = []
     for index in range(count):
         properties = torch.cuda.get_device_properties(index)
-        names.append(f"{properties.name} ({properties.total_memory / 2**30:.0f} GiB)")
+        names.append(f"{properties.name} ({properties.total_memory / 2**30:.0f} GiB, capability "
+                     f"{properties.major}.{properties.minor})")
     return ", ".join(f"{names.count(name)} x {name}" for name in dict.fromkeys(names))
+
+
+def check_precision(launch: Launch, settings: argparse.Namespace) -> Result:
+    """The precision train would pick on this node's GPU, from its compute capability (a query, no kernel)."""
+    name = f"precision{launch.node}"
+    try:
+        chosen = resolve_device_settings(settings.mixed_precision, fp16=bool(settings.fp16), bf16=bool(settings.bf16),
+                                         use_cpu=bool(settings.use_cpu), cuda_available=torch.cuda.is_available())
+    except ConfigError as err:
+        return Result("FAIL", name, str(err))
+    if chosen.use_cpu:
+        return Result("PASS", name, f"--mixed_precision {settings.mixed_precision} on CPU: {chosen.precision}")
+    major, minor = torch.cuda.get_device_capability(launch.local_rank)
+    return Result("PASS", name, f"--mixed_precision {settings.mixed_precision}: {chosen.precision} on GPU "
+                                f"{launch.local_rank} (capability {major}.{minor})")
 
 
 def check_master(launch: Launch, settings: argparse.Namespace) -> Result:
@@ -402,11 +422,11 @@ def collective_device() -> torch.device:
 def start_backend(launch: Launch, settings: argparse.Namespace) -> Result:
     """Start the process group as train does, then time all_reduce: a 4-byte round trip, and a large one's bandwidth."""
     try:
-        device = select_device(bool(settings.use_cpu))
-        backend = resolve_device_settings("no", use_cpu=device.type == "cpu",
-                                          ddp_backend=settings.ddp_backend).ddp_backend
+        device_settings = resolve_device_settings("no", use_cpu=bool(settings.use_cpu),
+                                                  ddp_backend=settings.ddp_backend)
+        backend = device_settings.ddp_backend
         started = time.perf_counter()
-        start_process_group(backend, min(settings.ddp_timeout, COLLECTIVE_TIMEOUT_S), device)
+        device = start_distributed(device_settings, min(settings.ddp_timeout, COLLECTIVE_TIMEOUT_S))
         startup = time.perf_counter() - started
         small = torch.full((1,), float(launch.rank + 1), device=device)
         dist.all_reduce(small)

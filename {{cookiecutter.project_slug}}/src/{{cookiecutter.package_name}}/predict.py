@@ -28,12 +28,10 @@ from .config import DATA_SUFFIXES, ConfigError, ModelArguments, check_local_path
 from .data import Task, build_collator, log_truncation, read_files, tokenize_datasets
 from .distributed import (
     cleanup_distributed,
-    env_world_size,
     print_error,
     resolve_device_settings,
-    select_device,
     setup_logging,
-    start_process_group,
+    start_distributed,
 )
 from .metrics import predict_from_logits
 from .modeling import load_tokenizer
@@ -53,6 +51,7 @@ class PredictArguments:
     use_cpu: bool = field(default=False, metadata={"help": "Predict on CPU even with a GPU."})
     mixed_precision: str = field(default="auto", metadata={"help": "As for training.",
                                                            "choices": ["auto", "bf16", "fp16", "no"]})
+    ddp_timeout: int = field(default=1800, metadata={"help": "Seconds before a stuck collective fails."})
 
     def __post_init__(self) -> None:
         for name in ("input_file", "output_file"):
@@ -66,11 +65,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = HfArgumentParser(PredictArguments, prog=f"python -m {__package__}.predict")
     try:
         (args,) = parser.parse_args_into_dataclasses(args=argv)
-        device = select_device(args.use_cpu)
-        settings = resolve_device_settings(args.mixed_precision, use_cpu=device.type == "cpu")
-        if env_world_size() > 1:
-            start_process_group(settings.ddp_backend, 1800, device)
+        settings = resolve_device_settings(args.mixed_precision, use_cpu=args.use_cpu)
         setup_logging(int(os.environ.get("RANK", "0")) == 0)
+        # One process and several GPUs: it predicts on the first; torchrun shares the rows among them all.
+        device = start_distributed(settings, args.ddp_timeout, several_gpus="first")
         try:
             model, tokenizer, task = load_trained_model(args.model_name_or_path, device)
             task = replace(task, **{name: getattr(args, name) for name in

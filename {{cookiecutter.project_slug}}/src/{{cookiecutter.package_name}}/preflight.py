@@ -17,9 +17,11 @@ import os
 import sys
 from pathlib import Path
 
-from .config import ConfigError, DataArguments, ModelArguments, check_local_path, parse_args
+import torch
+
+from .config import ConfigError, DataArguments, ModelArguments, check_batch_fits, check_local_path, parse_args
 from .data import Task, decide_task, load_raw_datasets
-from .distributed import setup_logging
+from .distributed import resolve_device_settings, setup_logging
 from .training_args import TrainingArguments
 
 logger = logging.getLogger(f"{__package__}.preflight")
@@ -37,6 +39,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments, world_size: int) -> None:
+    # Parsing checked the batch sizes and steps (check_training_settings); the precision the GPUs of this
+    # node support is queried, without claiming one. The loops call the same functions.
+    settings = resolve_device_settings(args.mixed_precision, fp16=args.fp16, bf16=args.bf16, use_cpu=args.use_cpu,
+                                       ddp_backend=args.ddp_backend)
     check_local_path(model_args.tokenizer_name or model_args.model_name_or_path)
     check_local_path(model_args.model_name_or_path)
     raw = load_raw_datasets(data_args, model_args.cache_dir, seed=args.seed)  # also fills the workers' cache
@@ -47,9 +53,12 @@ def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingAr
         checkpoint = resume_checkpoint(args)
         if checkpoint is not None:
             check_labels_fit(checkpoint, task, "checkpoint", same_names=True)
-        check_batch_fits(len(raw["train"]), args, world_size)
-    logger.info("preflight: %d train and %d eval examples, %s, labels %s: settings and data look right",
-                len(raw["train"]), len(raw["validation"]), task.problem_type, task.label_names or "none")
+        check_batch_fits(len(raw["train"]), world_size, args.per_device_train_batch_size,
+                         args.gradient_accumulation_steps)
+    device = "CPU" if settings.use_cpu else f"{torch.cuda.device_count()} GPU(s)"
+    logger.info("preflight: %d train and %d eval examples, %s, labels %s, %d process(es) on %s, precision %s: "
+                "settings and data look right", len(raw["train"]), len(raw["validation"]), task.problem_type,
+                task.label_names or "none", world_size, device, settings.precision)
 
 
 def resume_checkpoint(args: TrainingArguments) -> Path | None:
@@ -83,16 +92,6 @@ def check_labels_fit(model_dir: Path, task: Task, what: str, same_names: bool = 
         raise ConfigError(
             f"{what} {str(model_dir)!r} has a classifier for {count} labels, the data needs {needs}: "
             "pass --ignore_mismatched_sizes true to start a fresh head"
-        )
-
-
-def check_batch_fits(train_size: int, args: TrainingArguments, world_size: int) -> None:
-    global_batch = world_size * args.per_device_train_batch_size * args.gradient_accumulation_steps
-    if global_batch > train_size:
-        raise ConfigError(
-            f"one optimizer step takes {global_batch} examples ({world_size} processes x "
-            f"--per_device_train_batch_size {args.per_device_train_batch_size} x --gradient_accumulation_steps "
-            f"{args.gradient_accumulation_steps}), more than the {train_size} train examples: lower them"
         )
 
 

@@ -42,9 +42,8 @@ from .distributed import (
     cleanup_distributed,
     print_error,
     resolve_device_settings,
-    select_device,
     setup_logging,
-    start_process_group,
+    start_distributed,
 )
 from .meter import LossMeter
 from .metrics import (
@@ -102,17 +101,13 @@ def setup_distributed(args: TrainingArguments) -> DistributedEnv:
     """Read torchrun's RANK, LOCAL_RANK and WORLD_SIZE, pin the GPU, start the group (none without torchrun)."""
     rank, local_rank, world_size = (int(os.environ.get(name, default)) for name, default in (
         ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")))
-    device = select_device(args.use_cpu)  # pinned first: precision support is read from it
-    settings = resolve_device_settings(args.mixed_precision, fp16=args.fp16, bf16=args.bf16,
-                                       use_cpu=device.type == "cpu", ddp_backend=args.ddp_backend)
+    settings = resolve_device_settings(args.mixed_precision, fp16=args.fp16, bf16=args.bf16, use_cpu=args.use_cpu,
+                                       ddp_backend=args.ddp_backend)
+    setup_logging(rank == 0)
+    device = start_distributed(settings, args.ddp_timeout)
     if args.tf32 is not None and device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
-    if world_size > 1:
-        start_process_group(settings.ddp_backend, args.ddp_timeout, device)
-        agree_on_precision(settings.precision)
-    setup_logging(rank == 0)
-    logger.info("world size %d, device %s, backend %s, precision %s", world_size, device,
-                settings.ddp_backend if world_size > 1 else None, settings.precision)
+    agree_on_precision(settings.precision)
     return DistributedEnv(rank, local_rank, world_size, device, settings.precision)
 
 

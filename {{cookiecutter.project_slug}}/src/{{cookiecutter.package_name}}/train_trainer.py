@@ -1,7 +1,7 @@
 """Fine-tune a sequence classifier with the Hugging Face Trainer, on one process or under torchrun.
 
-The run, top to bottom: parse the config and flags (under torchrun this starts the process group:
-training_args.py); check that torchrun's ranks really share gradients; load and tokenise the data;
+The run, top to bottom: parse the config and flags; pin this rank's GPU and start the process
+group (training_args.py); check that torchrun's ranks really share gradients; load and tokenise the data;
 load the model; train, resuming from the newest checkpoint; evaluate once over exactly the eval set;
 write metrics.json; with --do_predict, predict --test_file (predict.py).
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import get_last_checkpoint
 
-from .config import ConfigError, DataArguments, ModelArguments, parse_args
+from .config import ConfigError, DataArguments, ModelArguments, check_batch_fits, parse_args
 from .data import Task, build_collator, load_data
 from .distributed import (
     STOPPED_EXIT_CODE,
@@ -31,6 +32,8 @@ from .distributed import (
     assert_gradients_synchronised,
     cleanup_distributed,
     env_world_size,
+    is_distributed,
+    keep_through_sigterm,
     print_error,
     setup_logging,
 )
@@ -71,10 +74,9 @@ def run(model_args: ModelArguments, data_args: DataArguments, args: TrainingArgu
 
 
 def prepare_run(args: TrainingArguments) -> None:
-    setup_logging(args.process_index == 0)
+    setup_logging(int(os.environ.get("RANK", "0")) == 0)
+    args.device  # noqa: B018 - the first use pins this rank's GPU and joins the process group (training_args.py)
     check_really_distributed(args.world_size)
-    logger.info("world size %d, device %s, backend %s, precision %s", args.world_size, args.device,
-                args.ddp_backend, "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")
     set_seed(args.seed)
     # Before the Trainer is built: its report_to callbacks read their settings from the environment.
     configure_tracker(args.report_to, args.output_dir, args.process_index == 0)
@@ -105,8 +107,15 @@ class StopOnSignal(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.request.agreed() and state.global_step < state.max_steps:  # a last step finishes the run instead
             self.stopped = control.should_save = control.should_training_stop = True
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.stopped:
             logger.info("stopped by SIGTERM at step %d, saved in checkpoint-%d: the same command resumes there",
                         state.global_step, state.global_step)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.stopped:  # saved at the stop already: no second save (or evaluation) of the same step at epoch end
+            control.should_save = control.should_evaluate = False
 
 
 class RecordRun(TrainerCallback):
@@ -223,6 +232,16 @@ class EpochSeededLengthGroupedSampler(LengthGroupedSampler):
 
 
 class ClassificationTrainer(Trainer):
+    def get_train_dataloader(self):
+        loader = super().get_train_dataloader()
+        loader.worker_init_fn = keep_through_sigterm(loader.worker_init_fn)
+        return loader
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        loader = super().get_eval_dataloader(eval_dataset)
+        loader.worker_init_fn = keep_through_sigterm(loader.worker_init_fn)
+        return loader
+
     def _get_train_sampler(self, train_dataset=None):
         if self.args.train_sampling_strategy != "group_by_length":
             return super()._get_train_sampler(train_dataset)
@@ -239,6 +258,9 @@ class ClassificationTrainer(Trainer):
 def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> Trainer:
     tokenizer = load_tokenizer(model_args)
     data = load_data(data_args, tokenizer, model_args.cache_dir, args.seed)
+    if args.do_train:
+        check_batch_fits(len(data.train), args.world_size, args.per_device_train_batch_size,
+                         args.gradient_accumulation_steps)
     model = load_model(model_args, data.task)
     # Classification heads take **kwargs but ignore num_items_in_batch and return a per-batch mean.
     # If the Trainer believed otherwise it would multiply the loss (and the gradients) by the world
@@ -285,6 +307,8 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
             record.earlier = json.loads(totals.read_text()) if totals.is_file() else None
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         if callback(trainer, StopOnSignal).stopped:
+            if is_distributed():
+                dist.barrier()  # every rank's share of the checkpoint (its RNG state) is written before any exits
             release(trainer)
             raise SystemExit(STOPPED_EXIT_CODE)
         if checkpoint is not None and is_finished(args.output_dir, trainer.state.global_step - record.first_step):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field
 
-from .config import ConfigError
+from .config import ConfigError, check_training_settings
 from .distributed import default_dataloader_workers
 from .tracking import TRACKERS
 
@@ -96,10 +96,4 @@ class TrainingArguments:
         if self.report_to != "none" and importlib.util.find_spec(self.report_to) is None:
             raise ConfigError(f"--report_to {self.report_to}: the {self.report_to} package is not installed; "
                               f'pip install -e ".[{self.report_to}]" (or leave --report_to at none)')
-        for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name} {getattr(self, name)}: must be >= 1")
-        for name in ("logging_steps", "save_steps", "eval_steps"):
-            value = getattr(self, name)
-            if value is not None and (value <= 0 or (value > 1 and value != int(value))):
-                raise ConfigError(f"--{name} {value}: use a whole number of steps, or a fraction of the run below 1")
+        check_training_settings(self)

@@ -1,27 +1,29 @@
 """The Trainer's flags: transformers.TrainingArguments with this project's defaults, and device,
 backend and precision decided before the Trainer sets up devices.
 
-Under torchrun, parsing these arguments starts the process group, here, before transformers would
-start it through accelerate (which adopts this one): so that it has --ddp_timeout on CPU too and
-this rank's GPU bound to it (device_id).
+Parsing has no side effects: it only queries the GPUs (how many, which compute capability), so
+that the preflight and the doctor parse the same flags in one process on a node of 8 GPUs. The run's
+setup happens at the first use of `args.device` (train.py's prepare_run): pin this rank's GPU and
+start the process group (with --ddp_timeout, on CPU too, and this rank's GPU bound to it), which
+transformers then adopts through accelerate.
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from functools import cached_property
 
-import torch.distributed as dist
+import torch
 import transformers
 
-from .config import ConfigError
+from .config import ConfigError, check_training_settings
 from .distributed import (
+    DeviceSettings,
     agree_on_precision,
     default_dataloader_workers,
-    env_world_size,
     resolve_device_settings,
-    select_device,
-    start_process_group,
+    start_distributed,
 )
 
 
@@ -67,20 +69,46 @@ class TrainingArguments(transformers.TrainingArguments):
             raise ConfigError("--do_train false and --do_eval false leave nothing to do; keep at least one")
         if self.dataloader_num_workers is None:
             self.dataloader_num_workers = default_dataloader_workers()
-        # Decide device, backend and precision before the parent sets up devices: on a CPU-only
-        # machine the Trainer trains each rank alone unless use_cpu is set, and gloo alone does not
-        # make the ranks synchronise gradients.
-        device = select_device(self.use_cpu)  # pinned first: precision support is read from it
-        settings = resolve_device_settings(self.mixed_precision, fp16=self.fp16, bf16=self.bf16,
-                                           use_cpu=device.type == "cpu", ddp_backend=self.ddp_backend)
-        self.use_cpu = settings.use_cpu
-        self.ddp_backend = settings.ddp_backend
-        self.fp16 = settings.precision == "fp16"
-        self.bf16 = settings.precision == "bf16"
-        if env_world_size() > 1 and not dist.is_initialized():
-            start_process_group(settings.ddp_backend, self.ddp_timeout, device)
-        super().__post_init__()
-        agree_on_precision(settings.precision)
+        check_training_settings(self)
+        # Device, backend and precision, before the parent reads them: on a CPU-only machine the
+        # Trainer trains each rank alone unless use_cpu is set, and gloo alone does not make the
+        # ranks synchronise gradients.
+        self.device_settings = resolve_device_settings(self.mixed_precision, fp16=self.fp16, bf16=self.bf16,
+                                                       use_cpu=self.use_cpu, ddp_backend=self.ddp_backend)
+        self.use_cpu = self.device_settings.use_cpu
+        self.ddp_backend = self.device_settings.ddp_backend
+        self.fp16 = self.device_settings.precision == "fp16"
+        self.bf16 = self.device_settings.precision == "bf16"
+        self.parsing = True  # the parent's __post_init__ asks for self.device: not yet (see device)
+        try:
+            super().__post_init__()
+        except ValueError as err:  # transformers' own checks of its flags: one error line, not a traceback
+            raise ConfigError(str(err)) from None
+        finally:
+            self.parsing = False
         # The parent fills an attribute of this name from ACCELERATE_MIXED_PRECISION and hands it
         # to accelerate; keep it equal to what was resolved above.
-        self.mixed_precision = settings.precision
+        self.mixed_precision = self.device_settings.precision
+
+    @property
+    def device(self) -> torch.device | None:
+        """This rank's device; the first use sets it up (_setup_devices). None while parsing."""
+        if getattr(self, "parsing", False):
+            return None
+        return super().device
+
+    def __getattr__(self, name: str):
+        # The parent's _setup_devices sets distributed_state, which world_size, process_index and the
+        # Trainer read; parsing defers it, so the first reader after parsing sets the devices up.
+        if name == "distributed_state" and not self.__dict__.get("parsing", False):
+            self._setup_devices  # noqa: B018 - a cached property, evaluated for its effect
+            return self.__dict__["distributed_state"]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @cached_property
+    def _setup_devices(self) -> torch.device:
+        settings: DeviceSettings = self.device_settings
+        start_distributed(settings, self.ddp_timeout)  # accelerate adopts the group started here
+        device = transformers.TrainingArguments._setup_devices.func(self)
+        agree_on_precision(settings.precision)
+        return device

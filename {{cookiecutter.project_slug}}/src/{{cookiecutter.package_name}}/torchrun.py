@@ -1,0 +1,114 @@
+"""torchrun as the launch scripts run it: a run stopped by SIGTERM ends with one line, and its exit
+status says whether the workers saved.
+
+`python -m <package>.torchrun ARGS` is `torchrun ARGS` (torch.distributed.run), but for SIGTERM
+(preemption, a time limit, an eviction, `scancel`). torchrun passes it on to its workers and ends
+with a traceback of some 30 lines, whatever they did. Here the SIGTERM goes to each worker's process
+group as there, and then this process waits (up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s) for the
+workers: if every one saved the step it reached (exit status STOPPED_EXIT_CODE), one line says so and
+this exits with STOPPED_EXIT_CODE too, which tells a scheduler (and train_slurm.sbatch) that the run
+can resume. Else it names the workers that did not save, and exits 1. Every other failure keeps
+torchrun's own report. (With torch older than 2.9, or no /proc, torchrun handles SIGTERM itself.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig
+from torch.distributed.run import main as torchrun
+
+# Exit status of a run that stopped on SIGTERM after writing its checkpoint: 128 + SIGTERM, as if
+# killed by it, so that neither torchrun nor a scheduler mistakes it for a finished run.
+STOPPED_EXIT_CODE = 128 + signal.SIGTERM
+
+
+class WorkersStopped(SignalException):
+    """SIGTERM, passed on to the workers; how each ended (its exit status, or None if still running)."""
+
+    def __init__(self, statuses: dict[int, int | None]) -> None:
+        super().__init__(f"SIGTERM: workers ended with {statuses}", sigval=signal.SIGTERM)
+        self.statuses = statuses
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "signals_to_handle" in {field.name for field in dataclasses.fields(LaunchConfig)} and Path("/proc").is_dir():
+        argv = ["--signals-to-handle=SIGINT,SIGHUP,SIGQUIT", *argv]  # SIGTERM is stop_workers'
+        signal.signal(signal.SIGTERM, stop_workers)
+    try:
+        torchrun(argv)
+    except WorkersStopped as stopped:
+        unsaved = {pid: status for pid, status in stopped.statuses.items() if status != STOPPED_EXIT_CODE}
+        if unsaved:
+            print(f"torchrun: stopped by SIGTERM, but worker(s) {describe(unsaved)} did not save the step they "
+                  "reached (exit status 143 means saved): the same command resumes from the last checkpoint",
+                  file=sys.stderr)
+            raise SystemExit(1) from None
+        print(f"torchrun: stopped by SIGTERM: all {len(stopped.statuses)} worker(s) here saved the step they "
+              "reached; the same command resumes there", file=sys.stderr)
+        raise SystemExit(STOPPED_EXIT_CODE) from None
+    except SignalException as stop:  # torchrun's own handling: how the workers ended is not known here
+        print(f"torchrun: stopped by {stop.sigval.name}; the workers were asked to save the step they reached "
+              "(their last log lines say whether they did)", file=sys.stderr)
+        raise SystemExit(128 + stop.sigval) from None
+    except ChildFailedError as failed:
+        if any(failure.exitcode != STOPPED_EXIT_CODE for failure in failed.failures.values()):
+            raise
+        print("torchrun: the workers stopped on SIGTERM and saved the step they reached; the same command "
+              "resumes there", file=sys.stderr)
+        raise SystemExit(STOPPED_EXIT_CODE) from None
+
+
+def stop_workers(signum: int, frame: object) -> None:
+    """SIGTERM: to each worker's process group, as torchrun sends it; then wait for the workers."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once is enough: the workers are stopping
+    workers = child_pids()
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)  # torchrun starts each worker in a session of its own
+    deadline = time.monotonic() + int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"))
+    raise WorkersStopped({pid: exit_status(pid, deadline) for pid in workers})
+
+
+def child_pids() -> list[int]:
+    """This process's children, from /proc (each /proc/PID/stat holds the parent's PID)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                children.append(int(entry.name))
+    return children
+
+
+def exit_status(pid: int, deadline: float) -> int | None:
+    """A child's exit status (128 + N if killed by signal N) once it has exited, or None at the deadline.
+
+    WNOWAIT leaves the child for torchrun to reap, as it expects to.
+    """
+    while time.monotonic() < deadline:
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+        except ChildProcessError:
+            return None  # reaped already: not known
+        if info is not None:
+            return info.si_status if info.si_code == os.CLD_EXITED else 128 + info.si_status
+        time.sleep(0.05)
+    return None
+
+
+def describe(statuses: dict[int, int | None]) -> str:
+    return ", ".join(f"{pid} ({'still running' if status is None else f'exit status {status}'})"
+                     for pid, status in statuses.items())
+
+
+if __name__ == "__main__":
+    main()

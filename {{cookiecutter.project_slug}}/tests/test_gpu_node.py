@@ -1,0 +1,136 @@
+"""Every decision this project makes on a GPU node, through the unchanged launch scripts, on a simulated node.
+
+The simulation (tests/simulated_gpu_node: a sitecustomize.py on PYTHONPATH and an nvidia-smi on
+PATH) answers only device queries: how many GPUs (narrowed by CUDA_VISIBLE_DEVICES), their compute
+capability, name and memory, and which one a process pinned. Each worker ends at
+torch.distributed.init_process_group, the first call that needs a real GPU, after writing what it
+chose there (rank, pinned GPU, backend, device_id, timeout) as one JSON line.
+
+Covered here: NPROC_PER_NODE=auto counting the GPUs, the preflight parsing and checking in one process
+on a node of 8 GPUs without claiming one, each rank pinning its own GPU before the process group starts,
+nccl chosen, the group bound to the rank's GPU with --ddp_timeout, mixed precision auto resolving to
+bf16 (capability 8.0 and up) or fp16 (7.x), bf16 and fp16 refused where unsupported, predict alone on
+several GPUs, and the doctor's GPU count and precision checks. Out of reach (only a real GPU shows
+them): NCCL itself, training and evaluating on the GPU, autocast and GradScaler, and speed; the
+template's bench/gpu_check.sh runs those on a real GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import PACKAGE, REPO_ROOT, finish, run_env, smoke_flags, start
+
+SIMULATION = REPO_ROOT / "tests" / "simulated_gpu_node"
+SCRIPT = REPO_ROOT / "scripts" / "train_single_node.sh"
+
+
+def gpu_node_env(tmp_path: Path, gpus: int, capability: str = "8.0", **extra: str) -> dict[str, str]:
+    """The environment of a node of `gpus` simulated GPUs of this compute capability."""
+    env = run_env(SIMULATED_GPUS=str(gpus), SIMULATED_GPU_CAPABILITY=capability,
+                  SIMULATED_GPU_RECORD=str(tmp_path / "ranks.jsonl"), **extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(SIMULATION), env["PYTHONPATH"]])
+    env["PATH"] = os.pathsep.join([str(SIMULATION), env["PATH"]])
+    if "CUDA_VISIBLE_DEVICES" not in extra:
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def ranks(tmp_path: Path) -> list[dict]:
+    """What each worker chose when it reached init_process_group, by rank."""
+    record = tmp_path / "ranks.jsonl"
+    lines = record.read_text().splitlines() if record.is_file() else []
+    return sorted((json.loads(line) for line in lines), key=lambda rank: rank["rank"])
+
+
+def launch(tmp_path: Path, smoke_assets: Path, env: dict[str, str], *flags: str) -> subprocess.CompletedProcess:
+    """configs/smoke.yaml (which asks for fp32) with the default --mixed_precision auto, and flags."""
+    command = [str(SCRIPT), *smoke_flags(smoke_assets, tmp_path / "out"), "--mixed_precision", "auto", *flags]
+    return finish(start(command, env), timeout=300)
+
+
+def test_the_simulated_node_answers_device_queries_only(tmp_path: Path) -> None:
+    env = gpu_node_env(tmp_path, 8, "9.0", CUDA_VISIBLE_DEVICES="1,6")
+    probe = ("import torch; torch.cuda.set_device(1); print(torch.cuda.device_count(), "
+             "torch.cuda.get_device_capability(0), torch.cuda.current_device(), torch.cuda.is_available())")
+    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["2", "(9,", "0)", "1", "True"]
+    listing = subprocess.run(["nvidia-smi", "-L"], env=env, capture_output=True, text=True, check=True).stdout
+    assert len(listing.splitlines()) == 8
+
+
+def test_auto_on_8_gpus_passes_the_preflight_and_starts_8_ranks_each_on_its_own_gpu(
+    smoke_assets: Path, tmp_path: Path
+) -> None:
+    result = launch(tmp_path, smoke_assets, gpu_node_env(tmp_path, 8, "9.0", NPROC_PER_NODE="auto"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "8 process(es) on 8 GPU(s), precision bf16: settings and data look right" in result.stdout
+    assert "--nproc-per-node=8" in result.stderr
+    chosen = ranks(tmp_path)
+    assert [rank["rank"] for rank in chosen] == list(range(8))
+    for rank in chosen:
+        # Pinned before the group starts, and the group bound to that GPU: NCCL would use GPU 0 otherwise.
+        assert rank["current_device"] == rank["local_rank"] == rank["rank"]
+        assert rank["device_id"] == f"cuda:{rank['local_rank']}"
+        assert (rank["world_size"], rank["backend"], rank["timeout_s"]) == (8, "nccl", 1800)
+    assert "world size 8, device cuda:0, backend nccl, precision bf16" in result.stdout
+    assert not (tmp_path / "out").exists(), "nothing may be written before the process group starts"
+
+
+def test_cuda_visible_devices_narrows_auto_and_gpus_without_native_bf16_get_fp16(
+    smoke_assets: Path, tmp_path: Path
+) -> None:
+    env = gpu_node_env(tmp_path, 8, "7.0", NPROC_PER_NODE="auto", CUDA_VISIBLE_DEVICES="2,5,7")
+    result = launch(tmp_path, smoke_assets, env, "--ddp_timeout", "600")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "3 process(es) on 3 GPU(s), precision fp16" in result.stdout
+    assert "world size 3, device cuda:0, backend nccl, precision fp16" in result.stdout
+    assert [(rank["rank"], rank["device_id"], rank["timeout_s"]) for rank in ranks(tmp_path)] == [
+        (0, "cuda:0", 600), (1, "cuda:1", 600), (2, "cuda:2", 600)]  # torch numbers the visible GPUs from 0
+
+
+@pytest.mark.parametrize(("gpus", "capability", "flags", "message"), [
+    (2, "7.0", ["--mixed_precision", "bf16"], "error: --mixed_precision bf16: this GPU has no native bf16"),
+    (2, "7.5", ["--bf16", "true"], "error: --mixed_precision bf16: this GPU has no native bf16"),
+    (0, "8.0", ["--mixed_precision", "fp16"], "error: --mixed_precision fp16 needs a CUDA GPU"),
+], ids=["bf16 on a V100", "--bf16 on a T4", "fp16 without a GPU"])
+def test_unsupported_precision_is_one_error_line_before_torchrun_starts(
+    smoke_assets: Path, tmp_path: Path, gpus: int, capability: str, flags: list[str], message: str
+) -> None:
+    env = gpu_node_env(tmp_path, gpus, capability, NPROC_PER_NODE="2")
+    result = launch(tmp_path, smoke_assets, env, *flags)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [result.stderr.splitlines()[0]]
+    assert result.stderr.startswith(message)
+    assert ranks(tmp_path) == [] and "torch.distributed.run" not in result.stderr
+
+
+def test_predict_alone_on_8_gpus_takes_the_first_and_says_so(smoke_assets: Path, tmp_path: Path) -> None:
+    command = [sys.executable, "-m", f"{PACKAGE}.predict", "--model_name_or_path", str(smoke_assets / "tiny-bert"),
+               "--input_file", str(smoke_assets / "validation.jsonl"), "--output_file", str(tmp_path / "out.jsonl")]
+    result = finish(start(command, gpu_node_env(tmp_path, 8)), timeout=120)
+    assert "8 GPUs are visible to this one process: it uses cuda:0 alone" in result.stdout
+    # The simulation ends here: moving the model onto cuda:0 needs a real GPU.
+    assert result.returncode != 0 and "CUDA" in result.stderr
+
+
+def doctor(tmp_path: Path, smoke_assets: Path, gpus: int, capability: str, *flags: str) -> dict[str, str]:
+    command = [sys.executable, "-m", f"{PACKAGE}.doctor", *smoke_flags(smoke_assets, tmp_path / "out"),
+               "--mixed_precision", "auto", *flags]
+    result = finish(start(command, gpu_node_env(tmp_path, gpus, capability, NPROC_PER_NODE="8")), timeout=120)
+    return {line.split(":")[0].split()[1]: line for line in result.stdout.splitlines()
+            if line.startswith(("PASS", "FAIL", "WARN", "SKIP"))}
+
+
+def test_the_doctor_checks_the_gpu_count_and_the_precision_they_support(smoke_assets: Path, tmp_path: Path) -> None:
+    healthy = doctor(tmp_path, smoke_assets, 8, "8.0")
+    assert healthy["GPUs"] == "PASS  GPUs: 8 x Simulated GPU (80 GiB, capability 8.0), one per process"
+    assert healthy["precision"] == "PASS  precision: --mixed_precision auto: bf16 on GPU 0 (capability 8.0)"
+    short = doctor(tmp_path, smoke_assets, 4, "7.0", "--mixed_precision", "bf16")
+    assert short["GPUs"].startswith("FAIL  GPUs: 8 processes on this node but 4 GPU(s) visible")
+    assert short["precision"].startswith("FAIL  precision: --mixed_precision bf16: this GPU has no native bf16")
