@@ -72,7 +72,13 @@ KEPT_ONLY_WHEN = {
         "tests/test_batching.py",
         "tests/test_native_loop.py",
     ),
-    ("include_slurm", True): ("scripts/train_slurm.sbatch", "logs/.gitkeep"),
+    ("include_slurm", True): (
+        "scripts/train_slurm.sbatch",
+        "logs/.gitkeep",
+        "tests/slurm_cluster.py",
+        "tests/test_slurm_cluster.py",
+        "tests/test_slurm.py",
+    ),
     ("include_kubernetes", True): ("Dockerfile", ".dockerignore", "k8s/trainjob.yaml"),
 }
 

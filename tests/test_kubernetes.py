@@ -289,10 +289,8 @@ def test_command_runs_the_module_and_config_the_multi_node_script_runs(
 
     script = run_multi_node_script(project, tmp_path, config).split("\0")[:-1]
     script_launcher, script_flags, script_module, script_arguments = split_torchrun(script)
-    assert (launcher, module) == (script_launcher, script_module) == (
-        "torch.distributed.run",
-        f"{recorded_answers(project)['package_name']}.train",
-    )
+    package = recorded_answers(project)["package_name"]
+    assert (launcher, module) == (script_launcher, script_module) == (f"{package}.torchrun", f"{package}.train")
     assert script_arguments == [config] == arguments[:1]
     assert (project / "src" / module.replace(".", "/")).with_suffix(".py").is_file()
     # The script's rendezvous flags, each filled in from the runtime's variable.

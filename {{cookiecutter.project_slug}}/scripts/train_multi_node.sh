@@ -119,7 +119,7 @@ check_config "$@"
 resolve_launch_settings
 preflight "$((MAX_NODES * NPROC_PER_NODE))" "$@"
 
-cmd=("$PYTHON" -m torch.distributed.run --nnodes="$NNODES")
+cmd=("$PYTHON" -m "$PACKAGE_NAME.torchrun" --nnodes="$NNODES")
 if [[ "$RDZV_BACKEND" == c10d ]]; then
   # c10d: torchrun on the NODE_RANK=0 node hosts the store at RDZV_ENDPOINT; the
   # others connect to it. Each attempt gets fresh worker addresses (see

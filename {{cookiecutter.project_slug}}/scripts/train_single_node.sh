@@ -47,7 +47,7 @@ preflight "$NPROC_PER_NODE" "$@"
 # --standalone runs the rendezvous on a free local port, so two runs on one
 # machine do not collide.
 cmd=(
-  "$PYTHON" -m torch.distributed.run
+  "$PYTHON" -m "$PACKAGE_NAME.torchrun"
   --standalone
   --nproc-per-node="$NPROC_PER_NODE"
   --max-restarts="$MAX_RESTARTS"

@@ -1,0 +1,283 @@
+"""scripts/train_slurm.sbatch under a real SLURM: training, two nodes, preemption and requeue.
+
+One cluster serves the module: Debian's slurm-wlm with munge, slurmctld and two slurmd on this host,
+each node in a network and UTS namespace of its own (tests/slurm_cluster.py). Jobs run the unchanged
+script as a user submits it to a CPU partition:
+
+    NPROC_PER_NODE=2 sbatch --gpus-per-node=0 scripts/train_slurm.sbatch CONFIG --flag value ...
+
+Each stop is made the way a cluster makes it: `scancel --signal=TERM --batch` (what
+`#SBATCH --signal=B:TERM@120` does before a time limit), SLURM's own time limit, and `scontrol requeue`
+(what preemption with PreemptMode=REQUEUE does). After a requeue SLURM holds the job for about 120 s
+(Reason=BeginTime); the tests release it at once, as an administrator would (scontrol update
+StartTime=now), since the wait proves nothing. Loader workers are on (--dataloader_num_workers 1):
+SLURM signals them too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import IS_NATIVE, REPO_ROOT, TRAIN_SIZE, run_env, smoke_flags
+from safetensors.torch import load_file
+from slurm_cluster import SlurmCluster, require_netns, require_slurm
+
+pytestmark = pytest.mark.slurm
+
+SCRIPT = str(REPO_ROOT / "scripts" / "train_slurm.sbatch")
+SIMULATION = REPO_ROOT / "tests" / "simulated_gpu_node"
+EPOCHS = 4
+STEPS = EPOCHS * TRAIN_SIZE // (2 * 16)  # 2 processes x per-device batch 16 (configs/smoke.yaml)
+# Long enough that a stop lands in mid-run; a checkpoint each epoch, and loader workers.
+FLAGS = ["--num_train_epochs", str(EPOCHS), "--save_strategy", "epoch", "--dataloader_num_workers", "1",
+         "--logging_steps", "4"]
+WEIGHTS_ATOL = 1e-6  # as tests/test_preemption.py: the same operations in the same order
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    require_slurm(nodes=2)
+    require_netns()
+    with SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=2) as running:
+        yield running
+
+
+class Job:
+    """One sbatch submission of the script, its log file and output_dir."""
+
+    def __init__(self, cluster: SlurmCluster, folder: Path, nodes: int, flags: list[str],
+                 sbatch: tuple[str, ...] = (), **env: str) -> None:
+        self.cluster, self.output_dir, self.log = cluster, folder / "out", folder / "job.out"
+        folder.mkdir(parents=True, exist_ok=True)  # for the log: SLURM creates the file, not its folder
+        env = run_env(**{"NPROC_PER_NODE": str(2 // nodes), **env})
+        args = ["--nodes", str(nodes), "--gpus-per-node=0", "--output", str(self.log), *sbatch, SCRIPT, *flags]
+        self.id = cluster.submit(args, cwd=REPO_ROOT, env_extra={k: v for k, v in env.items() if k != "PATH"})
+
+    def text(self) -> str:
+        return self.log.read_text() if self.log.is_file() else ""
+
+    def wait_for_log(self, pattern: str, timeout: float = 240) -> float:
+        """Wait until the log matches; returns the time it did."""
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.text()):
+            if time.monotonic() > deadline:
+                pytest.fail(f"{pattern!r} never appeared:\n{self.cluster.describe(self.id)}\n{self.text()[-3000:]}")
+            time.sleep(0.1)
+        return time.monotonic()
+
+    def wait_for(self, states: set[str], timeout: float = 300) -> dict:
+        return self.cluster.wait_for(self.id, states, timeout=timeout)
+
+
+def weights(output_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(output_dir / "model.safetensors")
+
+
+def assert_same_weights(output_dir: Path, reference: Path) -> float:
+    ours, theirs = weights(output_dir), weights(reference)
+    assert ours.keys() == theirs.keys()
+    difference = max(float((ours[name] - theirs[name]).abs().max()) for name in ours)
+    assert difference <= WEIGHTS_ATOL, f"max weight difference {difference}"
+    return difference
+
+
+@pytest.fixture(scope="module")
+def reference(cluster: SlurmCluster, smoke_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """One node, 2 processes, not disturbed: the weights every stopped run must end with."""
+    folder = tmp_path_factory.mktemp("reference")
+    job = Job(cluster, folder, 1, [*smoke_flags(smoke_assets, folder / "out"), *FLAGS])
+    job.info = job.wait_for({"COMPLETED"})
+    return job
+
+
+def test_one_node_two_processes_train_and_write_metrics_on_a_cpu_partition(reference: Job) -> None:
+    log = reference.text()
+    assert reference.info["Restarts"] == "0"
+    assert "world size 2, device cpu, backend gloo" in log
+    assert json.loads((reference.output_dir / "metrics.json").read_text())["train_steps"] == STEPS
+    # No CPUs asked for: the partition's default of one per task, and the log says that no loader worker fits.
+    assert "warning: 1 CPU(s) per node for 2 process(es): no data loader worker fits" in log
+    # The rendezvous port comes from the job id, so that jobs sharing a node never meet.
+    assert f"--rdzv-endpoint={reference.info['BatchHost']}:{15000 + reference.id % 15000}" in log
+
+
+def stop_by_batch_signal(cluster: SlurmCluster, job: Job) -> None:
+    cluster.signal_batch(job.id, "TERM")
+
+
+def stop_by_requeue(cluster: SlurmCluster, job: Job) -> None:
+    cluster.requeue(job.id)
+
+
+def stop_by_time_limit(cluster: SlurmCluster, job: Job) -> None:
+    # A limit 2 minutes from the start puts the script's --signal=B:TERM@120 due now; slurmctld sends it
+    # at its next time-limit check, up to 30 s later (measured here: 18-26 s).
+    cluster.run(["scontrol", "update", f"jobid={job.id}", "TimeLimit=2"])
+
+
+STOPS = {"batch signal": stop_by_batch_signal, "time limit": stop_by_time_limit, "scontrol requeue": stop_by_requeue}
+
+
+def run_stopped(cluster: SlurmCluster, folder: Path, assets: Path, nodes: int, stop: Callable,
+                flags: list[str] = FLAGS) -> Job:
+    """A job stopped once it wrote its first checkpoint, requeued, released, and finished."""
+    job = Job(cluster, folder, nodes, [*smoke_flags(assets, folder / "out"), *flags], sbatch=("--cpus-per-task=2",))
+    first = f"checkpoint-{STEPS // EPOCHS}"
+    deadline = time.monotonic() + 240
+    while not (job.output_dir / first).is_dir():
+        assert time.monotonic() < deadline, job.text()[-3000:]
+        time.sleep(0.1)
+    signalled = time.monotonic()
+    stop(cluster, job)
+    job.stop_seconds = job.wait_for_log(r"torchrun: stopped by SIGTERM", timeout=120) - signalled
+    job.wait_for({"PENDING"}, timeout=120)
+    cluster.run(["scontrol", "update", f"jobid={job.id}", "TimeLimit=10"])  # the first attempt's limit, restored
+    # Released only once the nodes have cleaned up after the first attempt: a job started on a node still
+    # ending its last attempt is refused there ("Job credential revoked"). SLURM's own 120 s hold covers that.
+    deadline = time.monotonic() + 120
+    while set(cluster.node_states().values()) != {"idle"}:
+        assert time.monotonic() < deadline, cluster.node_states()
+        time.sleep(0.2)
+    cluster.release(job.id)
+    job.info = job.wait_for({"COMPLETED"})
+    return job
+
+
+@pytest.fixture(scope="module")
+def stopped(cluster: SlurmCluster, smoke_assets: Path, tmp_path_factory: pytest.TempPathFactory):
+    runs: dict[tuple[str, int], Job] = {}
+
+    def get(how: str, nodes: int) -> Job:
+        if (how, nodes) not in runs:
+            folder = tmp_path_factory.mktemp(f"{how.replace(' ', '_')}_{nodes}_nodes")
+            runs[how, nodes] = run_stopped(cluster, folder, smoke_assets, nodes, STOPS[how])
+        return runs[how, nodes]
+    return get
+
+
+# One node and two nodes, by the batch shell's signal and by SLURM's own requeue.
+STOP_CASES = [("batch signal", 1), ("scontrol requeue", 1), ("batch signal", 2), ("scontrol requeue", 2)]
+
+
+@pytest.mark.parametrize(("how", "nodes"), STOP_CASES, ids=[f"{how}, {nodes} node(s)" for how, nodes in STOP_CASES])
+def test_a_stopped_job_saves_is_requeued_once_resumes_there_and_ends_with_the_undisturbed_weights(
+    stopped, reference: Job, how: str, nodes: int
+) -> None:
+    check_stopped_run(stopped(how, nodes), reference, how, nodes, STEPS)
+
+
+# SLURM's own time limit signals up to 30 s after it is due, so its run must train for longer than that
+# after its first checkpoint: it has a reference of its own. It costs two minutes, so it runs in the Trainer
+# project (the default loop) alone; the path it adds (SLURM signalling the batch shell before the limit) is
+# the loop's business nowhere.
+LONG_EPOCHS = 48
+LONG_FLAGS = [*FLAGS, "--num_train_epochs", str(LONG_EPOCHS), "--save_total_limit", "1"]
+if not IS_NATIVE:
+
+    def test_a_real_time_limit_stops_saves_requeues_and_resumes_with_the_undisturbed_weights(
+        cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path
+    ) -> None:
+        reference = Job(cluster, tmp_path / "reference", 1, [*smoke_flags(smoke_assets, tmp_path / "reference" / "out"),
+                                                              *LONG_FLAGS])
+        reference.wait_for({"COMPLETED"})
+        job = run_stopped(cluster, tmp_path / "limited", smoke_assets, 1, stop_by_time_limit, LONG_FLAGS)
+        check_stopped_run(job, reference, "time limit", 1, LONG_EPOCHS * STEPS // EPOCHS)
+
+
+def check_stopped_run(job: Job, reference: Job, how: str, nodes: int, steps: int) -> None:
+    log = job.text()
+    assert job.info["JobState"] == "COMPLETED" and job.info["Restarts"] == "1"
+    assert [int(n) for n in re.findall(r"^=== job \d+, attempt (\d+)", log, re.MULTILINE)] == [1, 2]
+    saved = [int(step) for step in re.findall(r"stopped by SIGTERM at step (\d+), saved in checkpoint-\1", log)]
+    assert len(saved) == 1 and STEPS // EPOCHS <= saved[0] < steps, log[-3000:]
+    resumed = r"resumed from \S+checkpoint-(\d+) at step" if IS_NATIVE else r"resuming from checkpoint \S+-(\d+)"
+    assert [int(step) for step in re.findall(resumed, log)] == saved
+    # One line per node, and no traceback.
+    line = f"torchrun: stopped by SIGTERM: all {2 // nodes} worker(s) here saved the step they reached"
+    assert log.count(line) == nodes
+    assert "Traceback" not in log and "DataLoader worker" not in log, log[-3000:]
+    who = "SLURM requeues job" if how == "scontrol requeue" else f"job {job.id} requeued after attempt 1"
+    assert who in log
+    difference = assert_same_weights(job.output_dir, reference.output_dir)
+    print(f"{how}, {nodes} node(s): signal to exit {job.stop_seconds:.1f} s, saved step {saved[0]}, "
+          f"resumed at {saved[0]}, max weight difference {difference:g}")
+
+
+def test_a_stop_before_the_training_starts_is_an_error_and_not_requeued(
+    cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path
+) -> None:
+    job = Job(cluster, tmp_path, 1, [*smoke_flags(smoke_assets, tmp_path / "out"), *FLAGS])
+    job.wait_for_log(r"=== job \d+, attempt 1")  # the preflight runs now: the script starts torchrun after it
+    cluster.signal_batch(job.id, "TERM")
+    info = job.wait_for({"FAILED"}, timeout=120)
+    assert info["Restarts"] == "0" and info["ExitCode"] == "1:0"
+    assert job.text().rstrip().splitlines()[-1] == (
+        f"error: SIGTERM came before the training started (job {job.id}, attempt 1): nothing was saved, so the job "
+        "is not requeued; resubmit it")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_stop_while_the_workers_start_is_an_error_and_not_requeued(
+    cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path
+) -> None:
+    job = Job(cluster, tmp_path, 1, [*smoke_flags(smoke_assets, tmp_path / "out"), *FLAGS])
+    job.wait_for_log(r"\+ srun ")  # torchrun starts; its workers take seconds to import and load
+    time.sleep(1)
+    cluster.signal_batch(job.id, "TERM")
+    info = job.wait_for({"FAILED"}, timeout=120)
+    log = job.text()
+    assert info["Restarts"] == "0"
+    assert "torchrun: stopped by SIGTERM, but worker(s) " in log and "did not save the step they reached" in log
+    assert log.rstrip().splitlines()[-1].startswith(
+        "error: the training did not save at the stop: srun ended with status 1 (see above); nothing new was saved, "
+        f"so job {job.id} is not requeued")
+
+
+def test_scancel_saves_the_step_reached_and_the_job_ends_cancelled(
+    cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path
+) -> None:
+    flags = [*smoke_flags(smoke_assets, tmp_path / "out"), *FLAGS]
+    job = Job(cluster, tmp_path, 1, flags, sbatch=("--cpus-per-task=2",))
+    job.wait_for_log(r'"step": 4,')
+    cluster.cancel(job.id)
+    info = job.wait_for({"CANCELLED"}, timeout=120)
+    job.wait_for_log(r"torchrun: stopped by SIGTERM: all 2 worker\(s\) here saved", timeout=30)
+    log = job.text()
+    saved = re.findall(r"stopped by SIGTERM at step (\d+), saved in checkpoint-\1", log)
+    assert info["Restarts"] == "0" and len(saved) == 1 and (job.output_dir / f"checkpoint-{saved[0]}").is_dir()
+    assert f"job {job.id} is ending (COMPLETING, e.g. scancel); the training saves the step it reached" in log
+
+
+def test_auto_on_a_node_whose_job_sees_4_gpus_starts_4_ranks_on_nccl(
+    cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path
+) -> None:
+    # The GPUs are simulated (tests/simulated_gpu_node): the cluster has none, so the job asks for none;
+    # each rank stops where NCCL would start.
+    record = tmp_path / "ranks.jsonl"
+    pythonpath = os.pathsep.join([str(SIMULATION), os.environ.get("PYTHONPATH", "")])
+    job = Job(cluster, tmp_path, 1, [*smoke_flags(smoke_assets, tmp_path / "out"), "--mixed_precision", "auto"],
+              NPROC_PER_NODE="auto", SIMULATED_GPUS="4", SIMULATED_GPU_RECORD=str(record), PYTHONPATH=pythonpath)
+    job.wait_for({"COMPLETED"})
+    ranks = sorted((json.loads(line) for line in record.read_text().splitlines()), key=lambda rank: rank["rank"])
+    assert [(rank["rank"], rank["device_id"], rank["backend"]) for rank in ranks] == [
+        (index, f"cuda:{index}", "nccl") for index in range(4)]
+    assert "4 process(es) on 4 GPU(s), precision bf16" in job.text()
+
+
+@pytest.mark.parametrize("gres_gpu", [False, True], ids=["cluster without GPUs", "CPU partition of a GPU cluster"])
+def test_a_cpu_partition_takes_the_script_with_gpus_per_node_0(tmp_path: Path, gres_gpu: bool) -> None:
+    require_slurm(nodes=1)
+    with SlurmCluster(tmp_path / "slurm", nodes=1, gres_gpu=gres_gpu) as own:
+        log = tmp_path / "help.out"
+        job_id = own.submit(["--nodes=1", "--gpus-per-node=0", "--output", str(log), SCRIPT, "--help"], cwd=REPO_ROOT,
+                            env_extra={"PYTHON": sys.executable})
+        own.wait_for(job_id, {"COMPLETED"}, timeout=60)
+        assert "Usage: mkdir -p logs && sbatch scripts/train_slurm.sbatch" in log.read_text()
