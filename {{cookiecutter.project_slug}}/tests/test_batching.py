@@ -162,10 +162,13 @@ def test_plan_counts_a_short_last_accumulation_window_as_a_step() -> None:
     assert train_batches(100, 2, gradient_accumulation_steps=3, max_steps=7)[2].total_steps == 7  # wins over epochs
 
 
-def test_plan_refuses_a_batch_larger_than_the_train_set() -> None:
-    with pytest.raises(ConfigError, match=r"the train set has 7 examples, fewer than one batch across all processes "
-                                          r"\(--per_device_train_batch_size 4 x WORLD_SIZE 2\)"):
-        train_batches(7, 2)
+def test_plan_refuses_an_optimizer_step_larger_than_the_train_set() -> None:
+    # The global batch counts the accumulation steps, as the preflight and the Trainer count it.
+    with pytest.raises(ConfigError, match=r"^one optimizer step takes 16 examples \(2 process\(es\) x "
+                                          r"--per_device_train_batch_size 4 x --gradient_accumulation_steps 2\), "
+                                          r"more than the 15 train examples"):
+        train_batches(15, 2, gradient_accumulation_steps=2)
+    assert train_batches(16, 2, gradient_accumulation_steps=2)[2].steps_per_epoch == 1
 
 
 @pytest.mark.parametrize("strategy", ["group_by_length", "random", "sequential"])

@@ -342,4 +342,7 @@ def test_refuses_a_folder_that_is_not_a_checkpoint_of_this_loop(smoke_assets: Pa
 def test_refuses_a_batch_larger_than_the_train_set(smoke_assets: Path, tmp_path: Path) -> None:
     result = run_single_process([*smoke_flags(smoke_assets, tmp_path / "out"), "--max_train_samples", "10"])
     assert result.returncode == 2
-    assert "fewer than one batch" in result.stderr
+    assert result.stderr == (
+        "error: one optimizer step takes 16 examples (1 process(es) x --per_device_train_batch_size 16 x "
+        "--gradient_accumulation_steps 1), more than the 10 train examples: lower them, start fewer processes "
+        "or add data\n")

@@ -47,7 +47,7 @@ BAD_SETTINGS = [
      "--text_column 'body' is not a column of the train split; columns are: text, label"),
     ("two data sources", lambda flags, tmp: [*flags, "--dataset_name", "imdb"], "--dataset_name imdb and --train_file"),
     ("batch larger than the data", lambda flags, tmp: [*flags, "--per_device_train_batch_size", "200"],
-     "one optimizer step takes 400 examples (2 processes x --per_device_train_batch_size 200"),
+     "one optimizer step takes 400 examples (2 process(es) x --per_device_train_batch_size 200"),
     ("labels the model has no head for",
      lambda flags, tmp: with_flag(with_flag(flags, "--train_file", str(write_csv(tmp / "three.csv", list("abcabc")))),
                                   "--validation_file", str(tmp / "three.csv")),

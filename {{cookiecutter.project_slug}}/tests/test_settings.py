@@ -26,7 +26,7 @@ CASES = [
     ("one step fits the data", ["--max_train_samples", "32", "--gradient_accumulation_steps", "2"], None),
     ("accumulation makes a step larger than the data",
      ["--max_train_samples", "24", "--gradient_accumulation_steps", "2"],
-     "one optimizer step takes 32 examples (1 processes x --per_device_train_batch_size 16 x "
+     "one optimizer step takes 32 examples (1 process(es) x --per_device_train_batch_size 16 x "
      "--gradient_accumulation_steps 2), more than the 24 train examples"),
     ("no epochs", ["--num_train_epochs", "0", "--max_steps", "-1"], "--num_train_epochs 0.0 trains nothing"),
     ("fractional steps above 1", ["--logging_steps", "2.5"],

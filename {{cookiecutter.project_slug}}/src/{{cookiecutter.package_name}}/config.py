@@ -118,7 +118,7 @@ def check_batch_fits(train_size: int, world_size: int, per_device_batch_size: in
     global_batch = world_size * per_device_batch_size * accumulation_steps
     if global_batch > train_size:
         raise ConfigError(
-            f"one optimizer step takes {global_batch} examples ({world_size} processes x "
+            f"one optimizer step takes {global_batch} examples ({world_size} process(es) x "
             f"--per_device_train_batch_size {per_device_batch_size} x --gradient_accumulation_steps "
             f"{accumulation_steps}), more than the {train_size} train examples: lower them, start fewer processes "
             "or add data"
