@@ -235,7 +235,9 @@ def test_a_stop_while_the_workers_start_is_an_error_and_not_requeued(
     info = job.wait_for({"FAILED"}, timeout=120)
     log = job.text()
     assert info["Restarts"] == "0"
-    assert "torchrun: stopped by SIGTERM, but worker(s) " in log and "did not save the step they reached" in log
+    # Before its workers started, or while they loaded (which of the two depends on the machine's speed).
+    assert re.search(r"torchrun: stopped by SIGTERM( before any worker started: nothing was saved|, but worker\(s\) "
+                     r".* did not save the step they reached)", log), log[-3000:]
     assert log.rstrip().splitlines()[-1].startswith(
         "error: the training did not save at the stop: srun ended with status 1 (see above); nothing new was saved, "
         f"so job {job.id} is not requeued")

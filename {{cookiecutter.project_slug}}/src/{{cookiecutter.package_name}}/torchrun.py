@@ -7,8 +7,9 @@ with a traceback of some 30 lines, whatever they did. Here the SIGTERM goes to e
 group as there, and then this process waits (up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s) for the
 workers: if every one saved the step it reached (exit status STOPPED_EXIT_CODE), one line says so and
 this exits with STOPPED_EXIT_CODE too, which tells a scheduler (and train_slurm.sbatch) that the run
-can resume. Else it names the workers that did not save, and exits 1. Every other failure keeps
-torchrun's own report. (With torch older than 2.9, or no /proc, torchrun handles SIGTERM itself.)
+can resume. Else (a worker that did not save, or no worker started yet) it says so and exits 1.
+Every other failure keeps torchrun's own report. (With torch older than 2.9, or no /proc, torchrun
+handles SIGTERM itself once its workers start.)
 """
 
 from __future__ import annotations
@@ -21,33 +22,32 @@ import sys
 import time
 from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.launcher.api import LaunchConfig
-from torch.distributed.run import main as torchrun
-
 # Exit status of a run that stopped on SIGTERM after writing its checkpoint: 128 + SIGTERM, as if
 # killed by it, so that neither torchrun nor a scheduler mistakes it for a finished run.
 STOPPED_EXIT_CODE = 128 + signal.SIGTERM
 
 
-class WorkersStopped(SignalException):
+class WorkersStopped(Exception):
     """SIGTERM, passed on to the workers; how each ended (its exit status, or None if still running)."""
 
     def __init__(self, statuses: dict[int, int | None]) -> None:
-        super().__init__(f"SIGTERM: workers ended with {statuses}", sigval=signal.SIGTERM)
+        super().__init__(f"SIGTERM: workers ended with {statuses}")
         self.statuses = statuses
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if "signals_to_handle" in {field.name for field in dataclasses.fields(LaunchConfig)} and Path("/proc").is_dir():
-        argv = ["--signals-to-handle=SIGINT,SIGHUP,SIGQUIT", *argv]  # SIGTERM is stop_workers'
+    # First of all, before torch takes seconds to import: a process killed by SIGTERM ends with the
+    # same status (143) as workers that saved, and srun and train_slurm.sbatch could not tell them apart.
+    if Path("/proc").is_dir():  # where stop_workers can find the workers
         signal.signal(signal.SIGTERM, stop_workers)
     try:
-        torchrun(argv)
+        run_torchrun(argv)
     except WorkersStopped as stopped:
         unsaved = {pid: status for pid, status in stopped.statuses.items() if status != STOPPED_EXIT_CODE}
+        if not stopped.statuses:
+            print("torchrun: stopped by SIGTERM before any worker started: nothing was saved", file=sys.stderr)
+            raise SystemExit(1) from None
         if unsaved:
             print(f"torchrun: stopped by SIGTERM, but worker(s) {describe(unsaved)} did not save the step they "
                   "reached (exit status 143 means saved): the same command resumes from the last checkpoint",
@@ -56,7 +56,20 @@ def main(argv: list[str] | None = None) -> None:
         print(f"torchrun: stopped by SIGTERM: all {len(stopped.statuses)} worker(s) here saved the step they "
               "reached; the same command resumes there", file=sys.stderr)
         raise SystemExit(STOPPED_EXIT_CODE) from None
-    except SignalException as stop:  # torchrun's own handling: how the workers ended is not known here
+
+
+def run_torchrun(argv: list[str]) -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig
+    from torch.distributed.run import main as torchrun
+
+    if signal.getsignal(signal.SIGTERM) is stop_workers and "signals_to_handle" in {
+            field.name for field in dataclasses.fields(LaunchConfig)}:
+        argv = ["--signals-to-handle=SIGINT,SIGHUP,SIGQUIT", *argv]  # SIGTERM stays stop_workers'
+    try:
+        torchrun(argv)
+    except SignalException as stop:  # torch < 2.9: torchrun's own handling, which says nothing of the workers
         print(f"torchrun: stopped by {stop.sigval.name}; the workers were asked to save the step they reached "
               "(their last log lines say whether they did)", file=sys.stderr)
         raise SystemExit(128 + stop.sigval) from None
