@@ -182,8 +182,7 @@ preflight() {
   fi
 }
 
-# Prints the command on stderr, then replaces this shell with it so that
-# signals (Ctrl-C, SLURM's SIGTERM) reach torchrun directly.
+# Prints the command on stderr, after checking that its program exists.
 show_command() {
   command -v "$1" >/dev/null \
     || die "'$1' is not a command here (not on PATH, or not executable): nothing was started"
@@ -192,6 +191,8 @@ show_command() {
   printf '\n' >&2
 }
 
+# show_command, then replace this shell with the command, so that signals
+# (Ctrl-C, a scheduler's SIGTERM) reach torchrun directly.
 run_command() {
   show_command "$@"
   exec "$@"
