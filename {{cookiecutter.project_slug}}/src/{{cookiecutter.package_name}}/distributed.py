@@ -300,11 +300,11 @@ def fork_loader_workers_immune_to_sigterm() -> None:
 class StopRequest:
     """SIGTERM asks the run to stop at the next step that every rank reaches, and to save it there.
 
-    SLURM sends it to every process of the job step on preemption, requeue or cancel (and
-    train_slurm.sbatch does before a time limit), Kubernetes to torchrun before it evicts a pod, and
-    torchrun passes it on to its workers, which it kills --shutdown_timeout (30) s later. The ranks can get it at
-    different steps, so after each step they agree with one tiny all_reduce, on a CPU (gloo) group
-    so that the host never waits for the GPU for it.
+    SLURM sends it to every process of the job step on preemption, requeue or cancel, Kubernetes to
+    torchrun before it evicts a pod, and train_slurm.sbatch to torchrun before a time limit; torchrun
+    (torchrun.py) passes it on to its workers and kills those still running 30 s later. The ranks can
+    get it at different steps, so after each step they agree with one tiny all_reduce, on a CPU
+    (gloo) group so that the host never waits for the GPU for it.
     """
 
     def __init__(self) -> None:

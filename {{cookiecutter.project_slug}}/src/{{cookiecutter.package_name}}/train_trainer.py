@@ -311,7 +311,8 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
                 dist.barrier()  # every rank's share of the checkpoint (its RNG state) is written before any exits
             release(trainer)
             raise SystemExit(STOPPED_EXIT_CODE)
-        if checkpoint is not None and is_finished(args.output_dir, trainer.state.global_step - record.first_step):
+        steps_left = trainer.state.max_steps - record.first_step  # when this run started, from its checkpoint
+        if checkpoint is not None and is_finished(args.output_dir, steps_left):
             logger.info(finished_message(args.output_dir, trainer.state.global_step))
             return {}
         state = trainer.state
