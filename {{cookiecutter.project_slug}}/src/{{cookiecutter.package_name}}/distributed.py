@@ -302,7 +302,7 @@ class StopRequest:
 
     SLURM sends it to every process of the job step on preemption, requeue or cancel, Kubernetes to
     torchrun before it evicts a pod, and train_slurm.sbatch to torchrun before a time limit; torchrun
-    (torchrun.py) passes it on to its workers and kills those still running 30 s later. The ranks can
+    (torchrun.py) passes it on to its workers and waits up to 30 s for them to save. The ranks can
     get it at different steps, so after each step they agree with one tiny all_reduce, on a CPU
     (gloo) group so that the host never waits for the GPU for it.
     """
