@@ -140,15 +140,29 @@ def run_stopped(cluster: SlurmCluster, folder: Path, assets: Path, nodes: int, s
     job.stop_seconds = job.wait_for_log(r"torchrun: stopped by SIGTERM", timeout=120) - signalled
     job.wait_for({"PENDING"}, timeout=120)
     cluster.run(["scontrol", "update", f"jobid={job.id}", "TimeLimit=10"])  # the first attempt's limit, restored
-    # Released only once the nodes have cleaned up after the first attempt: a job started on a node still
-    # ending its last attempt is refused there ("Job credential revoked"). SLURM's own 120 s hold covers that.
+    # Released only once the nodes have cleaned up after the first attempt (its slurmstepd processes have
+    # ended, a few seconds after the training): a job started on a node still ending its last attempt is
+    # refused there ("Job credential revoked"). SLURM's own 120 s hold covers that.
     deadline = time.monotonic() + 120
-    while set(cluster.node_states().values()) != {"idle"}:
-        assert time.monotonic() < deadline, cluster.node_states()
+    while set(cluster.node_states().values()) != {"idle"} or step_daemons(job.id):
+        assert time.monotonic() < deadline, (cluster.node_states(), step_daemons(job.id))
         time.sleep(0.2)
     cluster.release(job.id)
     job.info = job.wait_for({"COMPLETED"})
     return job
+
+
+def step_daemons(job_id: int) -> list[str]:
+    """The slurmstepd processes of a job still running on this host (they name themselves after it)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text.startswith(f"slurmstepd: [{job_id}."):
+            found.append(text.strip())
+    return found
 
 
 @pytest.fixture(scope="module")
