@@ -1,7 +1,8 @@
 """Check a run's settings and data in one process, before torchrun starts any worker.
 
 The launch scripts run `python -m <package>.preflight CONFIG [--flag value ...]` first, with the
-train module's own arguments. A bad flag value, a missing file or column, labels that do not fit the
+train module's own arguments. A bad flag value, a missing file or column, a tokenizer with nothing to
+pad with, LoRA layers or gradient checkpointing the model does not have, labels that do not fit the
 model or the checkpoint the run would resume, or a global batch larger than the data then end there
 with one `error:` line and exit status 2, instead of in every worker followed by torchrun's traceback.
 The workers check the same things again as they go (their files may differ from this node's).
@@ -20,6 +21,7 @@ from pathlib import Path
 from .config import ConfigError, DataArguments, ModelArguments, check_local_path, parse_args
 from .data import Task, decide_task, load_raw_datasets
 from .distributed import setup_logging
+from .modeling import check_model_settings, check_same_lora, load_tokenizer
 from .training_args import TrainingArguments
 
 logger = logging.getLogger(f"{__package__}.preflight")
@@ -39,6 +41,8 @@ def main(argv: list[str] | None = None) -> None:
 def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments, world_size: int) -> None:
     check_local_path(model_args.tokenizer_name or model_args.model_name_or_path)
     check_local_path(model_args.model_name_or_path)
+    load_tokenizer(model_args)  # refuses one with neither a pad nor an eos token
+    check_model_settings(model_args, args.gradient_checkpointing)
     raw = load_raw_datasets(data_args, model_args.cache_dir, seed=args.seed)  # also fills the workers' cache
     task = decide_task(raw, data_args)
     if not model_args.ignore_mismatched_sizes:
@@ -47,6 +51,7 @@ def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingAr
         checkpoint = resume_checkpoint(args)
         if checkpoint is not None:
             check_labels_fit(checkpoint, task, "checkpoint", same_names=True)
+            check_same_lora(checkpoint, model_args.lora_r)
         check_batch_fits(len(raw["train"]), args, world_size)
     logger.info("preflight: %d train and %d eval examples, %s, labels %s: settings and data look right",
                 len(raw["train"]), len(raw["validation"]), task.problem_type, task.label_names or "none")

@@ -44,7 +44,7 @@ from .metrics import (
     whole_run_metrics,
     write_metrics,
 )
-from .modeling import load_model, load_tokenizer
+from .modeling import classifier_of, load_model, load_tokenizer, parameter_counts, save_lora_base
 from .predict import predict_file
 from .tracking import close_trackers, configure_tracker
 from .training_args import TrainingArguments
@@ -239,11 +239,11 @@ class ClassificationTrainer(Trainer):
 def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> Trainer:
     tokenizer = load_tokenizer(model_args)
     data = load_data(data_args, tokenizer, model_args.cache_dir, args.seed)
-    model = load_model(model_args, data.task)
+    model = load_model(model_args, data.task, tokenizer)
     # Classification heads take **kwargs but ignore num_items_in_batch and return a per-batch mean.
     # If the Trainer believed otherwise it would multiply the loss (and the gradients) by the world
-    # size and skip dividing by the accumulation steps.
-    model.accepts_loss_kwargs = False
+    # size and skip dividing by the accumulation steps. (It reads this inside a LoRA wrapper.)
+    classifier_of(model).accepts_loss_kwargs = False
     trainer = ClassificationTrainer(
         model=model,
         args=args,
@@ -292,8 +292,11 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
             return {}
         state = trainer.state
         metrics.update(whole_run_metrics(state.log_history, record.totals(args, state), state.global_step))
+        metrics.update(parameter_counts(trainer.model))
         metrics["epoch"] = state.epoch
         trainer.save_model()
+        if trainer.is_world_process_zero():
+            save_lora_base(trainer.model, args.output_dir)
         trainer.save_state()
     if args.do_eval:
         # Trainer's evaluation gathers with gather_for_metrics, which drops the examples the
