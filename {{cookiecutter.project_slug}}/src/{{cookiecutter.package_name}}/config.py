@@ -47,7 +47,7 @@ class ModelArguments:
     lora_alpha: float = field(default=16, metadata={"help": "LoRA scale: updates times alpha / r."})
     lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA inputs."})
     lora_target_modules: str = field(
-        default="all-linear", metadata={"help": "Layers with adapters: all-linear, or names (q_proj,v_proj)."}
+        default="all-linear", metadata={"help": "Layers to adapt, or all-linear."}
     )
 
     def __post_init__(self) -> None:
