@@ -424,7 +424,7 @@ README_TEXT_ONLY_FOR = {
         "`DataParallel`",
         "trains each rank alone",
         "num_items_in_batch",
-        "--gradient_checkpointing",
+        "--activation_checkpointing",  # both loops take --gradient_checkpointing; the Trainer also this name
     ],
     ("training_loop", "native"): [
         "`batching.py`",

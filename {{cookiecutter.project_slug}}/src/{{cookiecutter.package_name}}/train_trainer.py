@@ -244,6 +244,8 @@ def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: Tr
     # If the Trainer believed otherwise it would multiply the loss (and the gradients) by the world
     # size and skip dividing by the accumulation steps. (It reads this inside a LoRA wrapper.)
     classifier_of(model).accepts_loss_kwargs = False
+    # --gradient_checkpointing: the Trainer turns it on itself, in the non-reentrant form unless
+    # --gradient_checkpointing_kwargs says otherwise (modeling.enable_gradient_checkpointing says why).
     trainer = ClassificationTrainer(
         model=model,
         args=args,
