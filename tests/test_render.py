@@ -130,6 +130,7 @@ COMMON_FILES = {
     f"src/{PACKAGE}/data.py",
     f"src/{PACKAGE}/distributed.py",
     f"src/{PACKAGE}/doctor.py",
+    f"src/{PACKAGE}/merge_lora.py",
     f"src/{PACKAGE}/metrics.py",
     f"src/{PACKAGE}/modeling.py",
     f"src/{PACKAGE}/predict.py",
@@ -145,6 +146,7 @@ COMMON_FILES = {
     "tests/test_doctor.py",
     "tests/test_gpu_node.py",
     "tests/test_launch_end_to_end.py",
+    "tests/test_models.py",
     "tests/test_preemption.py",
     "tests/test_preflight.py",
     "tests/test_restarts.py",
@@ -431,7 +433,7 @@ README_TEXT_ONLY_FOR = {
         "`DataParallel`",
         "trains each rank alone",
         "num_items_in_batch",
-        "--gradient_checkpointing",
+        "--activation_checkpointing",  # both loops take --gradient_checkpointing; the Trainer also this name
     ],
     ("training_loop", "native"): [
         "`batching.py`",

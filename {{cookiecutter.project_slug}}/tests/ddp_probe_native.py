@@ -2,7 +2,8 @@
 
 Each rank writes <output_dir>/probe/rank<RANK>.json (world size, the train indices it consumed in
 each epoch, sorted and in the order it fetched them, optimizer steps run, the checkpoint it resumed
-from, logged losses and every log entry) and rank<RANK>.safetensors (its final weights).
+from, logged losses, every log entry and the bytes of parameters DDP all-reduces) and
+rank<RANK>.safetensors (its final weights).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 from safetensors.torch import save_file
+from torch.nn.parallel import DistributedDataParallel
 
 PACKAGE = next(path.parent.name for path in (Path(__file__).resolve().parents[1] / "src").glob("*/__init__.py"))
 train = importlib.import_module(f"{PACKAGE}.train")
@@ -36,6 +38,13 @@ class IndexRecorder:
         return self.collator(features)
 
 
+def ddp_parameter_bytes(model) -> int | None:
+    """The bytes of the parameters whose gradients DDP all-reduces (from its own logging data); None without DDP."""
+    if not isinstance(model, DistributedDataParallel):
+        return None
+    return model._get_ddp_logging_data()["total_parameter_size_bytes"]
+
+
 def main() -> None:
     model_args, data_args, args = config.parse_args(train.TrainingArguments, sys.argv[1:])
     args.dataloader_num_workers = 0  # the recorder must run in this process, not in a loader worker
@@ -44,6 +53,7 @@ def main() -> None:
     try:
         job = train.build_job(env, model_args, data_args, args)
         first_step = job.step
+        ddp_bytes = ddp_parameter_bytes(job.model)
         # The same sampler over the same examples, plus an index column for the recorder.
         recorder = IndexRecorder(job)
         indexed = job.data.train.add_column("sample_index", list(range(len(job.data.train))))
@@ -66,6 +76,7 @@ def main() -> None:
         "resumed_from": str(resumed_from) if resumed_from else None,
         "logged_losses": [entry["loss"] for entry in history if "loss" in entry],  # rank 0 logs; others: []
         "log_history": history,
+        "ddp_parameter_bytes": ddp_bytes,
     }
     (probe_dir / f"rank{env.rank}.json").write_text(json.dumps(record))
     state = {name: tensor.detach().cpu().contiguous().clone() for name, tensor in job.module.state_dict().items()}

@@ -1,8 +1,8 @@
 """Run by the tests under torchrun: train for real, recording what this rank trained on and holds.
 
 Each rank writes <output_dir>/probe/rank<RANK>.json (world size, the train indices it consumed in
-each epoch, optimizer steps run, the checkpoint it resumed from, logged losses) and
-rank<RANK>.safetensors (its final weights).
+each epoch, optimizer steps run, the checkpoint it resumed from, logged losses, the bytes of
+parameters DDP all-reduces) and rank<RANK>.safetensors (its final weights).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from safetensors.torch import save_file
+from torch.nn.parallel import DistributedDataParallel
 from transformers import TrainerCallback
 
 PACKAGE = next(path.parent.name for path in (Path(__file__).resolve().parents[1] / "src").glob("*/__init__.py"))
@@ -51,7 +52,7 @@ def main() -> None:
     trainer.data_collator = recorder
     trainer.train_dataset = trainer.train_dataset.add_column("sample_index", list(range(len(trainer.train_dataset))))
     resumed_from = train.find_resume_checkpoint(training_args)  # what train_and_evaluate will resume from
-    train.train_and_evaluate(trainer, training_args)
+    train.train_and_evaluate(trainer, training_args, data_args.test_file)
 
     rank = int(os.environ.get("RANK", "0"))
     probe_dir = Path(training_args.output_dir) / "probe"
@@ -63,6 +64,9 @@ def main() -> None:
         "steps_run": recorder.steps,
         "resumed_from": str(resumed_from) if resumed_from else None,
         "logged_losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
+        # The Trainer's DDP wrapper, from DDP's own logging data.
+        "ddp_parameter_bytes": (trainer.model_wrapped._get_ddp_logging_data()["total_parameter_size_bytes"]
+                                if isinstance(trainer.model_wrapped, DistributedDataParallel) else None),
     }
     (probe_dir / f"rank{rank}.json").write_text(json.dumps(record))
     state = {name: tensor.detach().cpu().contiguous().clone() for name, tensor in trainer.model.state_dict().items()}

@@ -1,8 +1,8 @@
 """The native loop's checkpoints: save (atomically), find, load and rotate.
 
-output_dir/checkpoint-N holds the model and tokenizer (save_pretrained) and training_state.pt: the
-optimizer, schedule, scaler, position in the data, every rank's RNG state, the log history and the
-time trained so far.
+output_dir/checkpoint-N holds the model and tokenizer (save_pretrained; with LoRA, the adapters and the
+head but not the frozen base) and training_state.pt: the optimizer, schedule, scaler, position in the
+data, every rank's RNG state, the log history and the time trained so far.
 Rank 0 fills tmp-checkpoint-N and renames it in one step, so a folder named checkpoint-N is complete.
 """
 
@@ -22,12 +22,14 @@ import torch.distributed as dist
 
 from .config import ConfigError
 from .distributed import is_distributed
+from .modeling import check_same_lora, load_trained_weights, lora_rank, read_weights, trained_weights
 
 if TYPE_CHECKING:
     from .train import Job
 
 TRAINING_STATE = "training_state.pt"  # written last: a checkpoint folder holding it is complete
 BATCH_PLAN = "batch_plan.json"  # also in the training state; here readable without loading the optimizer
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's save_pretrained: a LoRA model's adapters and head
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -121,8 +123,7 @@ def load_checkpoint(job: Job, checkpoint: Path) -> None:
     weights = load_model_weights(checkpoint)
     check_same_model(checkpoint, state, weights, job)
     check_same_batch_plan(checkpoint, state["batch_plan"], job.plan.as_dict())
-    # strict=False: save_pretrained leaves out tied copies; check_same_model refused strangers.
-    job.module.load_state_dict(weights, strict=False)
+    load_trained_weights(job.module, weights)
     job.optimizer.load_state_dict(state["optimizer"])  # moves the moments onto the parameters' device
     job.scheduler.load_state_dict(state["scheduler"])
     if job.scaler is not None and state["scaler"] is not None:
@@ -134,18 +135,15 @@ def load_checkpoint(job: Job, checkpoint: Path) -> None:
 
 
 def load_model_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
-    index = checkpoint / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else [
-        "model.safetensors"]
-    weights = {}
-    for name in files:
-        weights.update(safetensors.torch.load_file(checkpoint / name, device="cpu"))
-    return weights
+    if (checkpoint / ADAPTER_WEIGHTS).is_file():
+        return safetensors.torch.load_file(checkpoint / ADAPTER_WEIGHTS, device="cpu")
+    return read_weights(checkpoint)
 
 
 def check_same_model(checkpoint: Path, state: dict, weights: dict, job: Job) -> None:
     """Refuse to resume a different model or label set, which would fail obscurely or silently."""
-    own, names, model_type = job.module.state_dict(), job.data.label_names, job.module.config.model_type
+    check_same_lora(checkpoint, lora_rank(job.module))
+    own, names, model_type = trained_weights(job.module), job.data.label_names, job.module.config.model_type
     mismatched = sorted(k for k, v in weights.items() if k not in own or own[k].shape != v.shape)
     if state["labels"] != names or state["model_type"] != model_type or mismatched:
         raise ConfigError(

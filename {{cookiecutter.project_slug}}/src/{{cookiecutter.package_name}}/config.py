@@ -43,6 +43,22 @@ class ModelArguments:
         default=False,
         metadata={"help": "New head if label counts differ."},
     )
+    lora_r: int = field(default=0, metadata={"help": "LoRA rank; 0: train every weight."})
+    lora_alpha: float = field(default=16, metadata={"help": "LoRA scale: updates times alpha / r."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA inputs."})
+    lora_target_modules: str = field(
+        default="all-linear", metadata={"help": "Layers to adapt, or all-linear."}
+    )
+
+    def __post_init__(self) -> None:
+        if self.lora_r < 0:
+            raise ConfigError(f"--lora_r {self.lora_r}: must be >= 0 (0 trains every weight, without LoRA)")
+        if self.lora_alpha <= 0:
+            raise ConfigError(f"--lora_alpha {self.lora_alpha}: must be > 0")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"--lora_dropout {self.lora_dropout}: must be from 0 up to (not including) 1")
+        if not self.lora_target_modules.replace(",", "").strip():
+            raise ConfigError("--lora_target_modules is empty: pass all-linear or layer names such as q_proj,v_proj")
 
 
 @dataclass
@@ -193,4 +209,9 @@ def parse_args(training_args_class: type, argv: list[str] | None = None) -> tupl
     model_args, data_args, training_args = parsed
     if training_args.do_predict and data_args.test_file is None:
         raise ConfigError("--do_predict needs --test_file: the csv, json, jsonl or parquet rows to predict")
+    if training_args.gradient_checkpointing and training_args.ddp_find_unused_parameters:
+        # DDP searches for unused parameters when forward ends, before the backward pass recomputes the
+        # checkpointed layers and uses theirs: it would count them unused, then ready a second time.
+        raise ConfigError("--gradient_checkpointing with --ddp_find_unused_parameters true fails in DDP (parameters "
+                          "marked ready twice); set --ddp_find_unused_parameters false, the default")
     return model_args, data_args, training_args

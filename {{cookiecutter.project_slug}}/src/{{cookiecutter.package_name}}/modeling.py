@@ -1,6 +1,14 @@
-"""Tokenizer and model loading from the Hub or a local save_pretrained folder."""
+"""Tokenizer and model loading from the Hub or a local save_pretrained folder; padding, LoRA and gradient
+checkpointing, the same for both loops and predict."""
 
 from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from transformers import (
@@ -10,16 +18,20 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.pytorch_utils import Conv1D
 
 from .config import ConfigError, ModelArguments, check_local_path, model_not_found
 from .data import Task
+
+ADAPTER_CONFIG = "adapter_config.json"  # peft's: a folder holding it holds a LoRA adapter
+logger = logging.getLogger(__name__)
 
 
 def load_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
     name = model_args.tokenizer_name or model_args.model_name_or_path
     check_local_path(name)
     try:
-        return AutoTokenizer.from_pretrained(
+        tokenizer = AutoTokenizer.from_pretrained(
             name,
             cache_dir=model_args.cache_dir,
             revision=model_args.revision,
@@ -27,11 +39,40 @@ def load_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
         )
     except (OSError, ValueError) as err:
         raise model_not_found(name, type(err).__name__) from None
+    pad_on_the_right(tokenizer, name)
+    return tokenizer
 
 
-def load_model(model_args: ModelArguments, task: Task) -> PreTrainedModel:
+def pad_on_the_right(tokenizer: PreTrainedTokenizerBase, name: str) -> None:
+    """Give the tokenizer a pad token if it has none (decoders such as Llama and GPT-2 ship without), and pad
+    on the right.
+
+    The eos token pads: a new token would need a new embedding row, trained from nothing. On the right,
+    because decoders number positions from the first token, pad or not: GPT-2's learned positions would
+    see an example padded on the left at other positions than alone, and give other logits. Saved with
+    the model, the tokenizer pads the same way in predict.py and in transformers.pipeline.
+    """
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ConfigError(f"the tokenizer of {name!r} has neither a pad token nor an eos token to pad with; pass "
+                              "--tokenizer_name with a tokenizer that has one of them")
+        tokenizer.pad_token = tokenizer.eos_token
+        logger.info("the tokenizer of %s has no pad token: padding with its eos token %r (id %d)", name,
+                    tokenizer.pad_token, tokenizer.pad_token_id)
+    if tokenizer.padding_side != "right":
+        logger.info("the tokenizer of %s pads on the %s: padding on the right instead, so that an example gives "
+                    "the same logits alone and in a batch", name, tokenizer.padding_side)
+        tokenizer.padding_side = tokenizer.init_kwargs["padding_side"] = "right"  # init_kwargs: what it saves
+
+
+def load_model(model_args: ModelArguments, task: Task,
+               tokenizer: PreTrainedTokenizerBase | None = None) -> PreTrainedModel:
     """Load a sequence classifier in fp32, with one output per class (one for regression), and the task
-    in its config: problem type, label names, input columns and max_seq_length (Task.as_config)."""
+    in its config: problem type, label names, input columns and max_seq_length (Task.as_config).
+
+    With a tokenizer, its pad token becomes the config's: a decoder's head reads each row's logits at its
+    last token that is not the pad token, and without one refuses batches of more than one row. With
+    --lora_r > 0 the model comes back wrapped in LoRA adapters (wrap_with_lora)."""
     name, names = model_args.model_name_or_path, task.label_names
     check_local_path(name)
     try:
@@ -45,6 +86,10 @@ def load_model(model_args: ModelArguments, task: Task) -> PreTrainedModel:
             trust_remote_code=model_args.trust_remote_code,
         )
         config.update(task.as_config())
+        if tokenizer is not None:
+            config.pad_token_id = tokenizer.pad_token_id
+        if getattr(config, "use_cache", None):
+            config.use_cache = False  # a classifier never generates: no key/value cache to build
         model = AutoModelForSequenceClassification.from_pretrained(
             name,
             config=config,
@@ -66,4 +111,179 @@ def load_model(model_args: ModelArguments, task: Task) -> PreTrainedModel:
         ) from None
     except (OSError, ValueError) as err:
         raise model_not_found(name, type(err).__name__) from None
+    if model_args.lora_r > 0:
+        model = wrap_with_lora(model, model_args)
+    counts = parameter_counts(model)
+    logger.info("parameters: %d trainable of %d (%.2f%%)%s", counts["trainable_parameters"],
+                counts["total_parameters"], 100 * counts["trainable_parameters"] / counts["total_parameters"],
+                f", LoRA r={model_args.lora_r}" if model_args.lora_r > 0 else "")
     return model
+
+
+# ---- LoRA -------------------------------------------------------------------------------------
+
+
+def head_modules(model: PreTrainedModel) -> list[str]:
+    """The classifier head: the model's top-level modules with weights, other than the pretrained body
+    (e.g. classifier; score; pre_classifier and classifier; pooler and classifier)."""
+    return [name for name, module in model.named_children()
+            if name != model.base_model_prefix and any(True for _ in module.parameters())]
+
+
+def lora_targets(model: PreTrainedModel, target_modules: str) -> list[str]:
+    """The full names of the body's linear layers that get adapters: every one for "all-linear", else
+    those whose own name is in the comma-separated list (e.g. q_proj,v_proj). The head is never one."""
+    body = model.base_model_prefix
+    linear = {f"{body}.{name}": name.rpartition(".")[2] for name, module in model.get_submodule(body).named_modules()
+              if isinstance(module, (torch.nn.Linear, Conv1D))}
+    if not linear:
+        raise ConfigError(f"--lora_r: {model.config.model_type} has no linear layers to add LoRA adapters to; "
+                          "pass --lora_r 0")
+    if target_modules == "all-linear":
+        return sorted(linear)
+    wanted = {name.strip() for name in target_modules.split(",") if name.strip()}
+    unknown = sorted(wanted - set(linear.values()))
+    if unknown:
+        raise ConfigError(f"--lora_target_modules {target_modules}: {model.config.model_type} has no linear layer "
+                          f"named {', '.join(unknown)}; its linear layers are named "
+                          f"{', '.join(sorted(set(linear.values())))} (or pass all-linear)")
+    return sorted(full for full, own in linear.items() if own in wanted)
+
+
+def wrap_with_lora(model: PreTrainedModel, model_args: ModelArguments) -> torch.nn.Module:
+    """Freeze the model, add trainable low-rank adapters to its body's linear layers and train its head in
+    full (peft's modules_to_save: a trainable copy, saved with the adapter)."""
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    targets = lora_targets(model, model_args.lora_target_modules)
+    lora_config = LoraConfig(
+        task_type=TaskType.SEQ_CLS, r=model_args.lora_r, lora_alpha=model_args.lora_alpha,
+        lora_dropout=model_args.lora_dropout, target_modules=targets, modules_to_save=head_modules(model),
+        # GPT-2's linear layers are Conv1D, which store their weight transposed.
+        fan_in_fan_out=isinstance(model.get_submodule(targets[0]), Conv1D),
+    )
+    with quiet_peft():
+        return get_peft_model(model, lora_config)
+
+
+@contextlib.contextmanager
+def quiet_peft() -> Iterator[None]:
+    """Without the FutureWarning peft 0.21 triggers on every rank: it reads transformers' old name for
+    is_activation_checkpointing."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+        yield
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def lora_rank(model: torch.nn.Module) -> int:
+    """The model's --lora_r: 0 without LoRA."""
+    return model.peft_config["default"].r if is_lora(model) else 0
+
+
+def check_same_lora(checkpoint: Path, lora_r: int) -> None:
+    """Refuse to resume a LoRA checkpoint (adapters, no base weights) without LoRA, or with another rank, and
+    the reverse."""
+    adapter_config = checkpoint / ADAPTER_CONFIG
+    saved_r = json.loads(adapter_config.read_text())["r"] if adapter_config.is_file() else 0
+    if saved_r != lora_r:
+        raise ConfigError(f"checkpoint {str(checkpoint)!r} was trained with --lora_r {saved_r}, this run has "
+                          f"--lora_r {lora_r}: pass --lora_r {saved_r} to resume it, or use a new --output_dir")
+
+
+def classifier_of(model: torch.nn.Module) -> PreTrainedModel:
+    """The transformers model itself, inside its LoRA wrapper if it has one."""
+    return model.get_base_model() if is_lora(model) else model
+
+
+def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
+    parameters = list(model.parameters())
+    return {"trainable_parameters": sum(p.numel() for p in parameters if p.requires_grad),
+            "total_parameters": sum(p.numel() for p in parameters)}
+
+
+def trained_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a checkpoint holds: every weight; with LoRA only the adapters and the head, under peft's names."""
+    if is_lora(model):
+        from peft import get_peft_model_state_dict
+
+        return get_peft_model_state_dict(model)
+    return model.state_dict()
+
+
+def load_trained_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Load what trained_weights returned (from a checkpoint: see checkpoint.py)."""
+    if is_lora(model):
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, weights)
+    else:
+        # strict=False: save_pretrained leaves out tied copies; callers compare the names first.
+        model.load_state_dict(weights, strict=False)
+
+
+def save_lora_base(model: torch.nn.Module, folder: str | Path) -> None:
+    """Beside a LoRA model's adapter (its save_pretrained), write the frozen body and the untrained head under
+    their own names, with the config: AutoModelForSequenceClassification, pipeline and predict.py then load
+    the folder whole, base and adapter. Nothing to do for a model without LoRA."""
+    if not is_lora(model):
+        return
+    from peft import get_base_model_state_dict
+
+    model.get_base_model().save_pretrained(folder, state_dict=get_base_model_state_dict(model))
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The weights save_pretrained wrote into folder, from one file or from its shards."""
+    import safetensors.torch
+
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else [
+        "model.safetensors"]
+    weights = {}
+    for name in files:
+        weights.update(safetensors.torch.load_file(folder / name, device="cpu"))
+    return weights
+
+
+def check_model_settings(model_args: ModelArguments, gradient_checkpointing: bool) -> None:
+    """Check the LoRA layers and gradient checkpointing against the model's architecture, built from its
+    config on the meta device: no weights are read (preflight.py, in one process)."""
+    if model_args.lora_r == 0 and not gradient_checkpointing:
+        return
+    name = model_args.model_name_or_path
+    try:
+        config = AutoConfig.from_pretrained(name, cache_dir=model_args.cache_dir, revision=model_args.revision,
+                                            trust_remote_code=model_args.trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise model_not_found(name, type(err).__name__) from None
+    with torch.device("meta"):
+        model = AutoModelForSequenceClassification.from_config(config, trust_remote_code=model_args.trust_remote_code)
+    if model_args.lora_r > 0:
+        lora_targets(model, model_args.lora_target_modules)
+    if gradient_checkpointing:
+        check_gradient_checkpointing(model)
+
+
+def check_gradient_checkpointing(model: PreTrainedModel) -> None:
+    if not model.supports_gradient_checkpointing:
+        raise ConfigError(f"--gradient_checkpointing: transformers' {type(model).__name__} does not support it; "
+                          "leave it out")
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each layer's activations in the backward pass instead of keeping them.
+
+    Non-reentrant (as the Trainer's default): the reentrant form sends no gradient through a layer
+    whose inputs need none, as under LoRA, whose embeddings are frozen. It works there only through
+    transformers' hook that makes the embeddings' output need one; without it the checkpointed layers'
+    adapters got no gradient and DDP stopped at the next step ("Expected to have finished reduction").
+    """
+    classifier = classifier_of(model)
+    check_gradient_checkpointing(classifier)
+    classifier.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})

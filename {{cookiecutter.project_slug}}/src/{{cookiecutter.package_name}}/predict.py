@@ -34,7 +34,7 @@ from .distributed import (
     start_distributed,
 )
 from .metrics import predict_from_logits
-from .modeling import load_tokenizer
+from .modeling import ADAPTER_CONFIG, load_tokenizer
 
 logger = logging.getLogger(f"{__package__}.predict")
 
@@ -84,7 +84,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def load_trained_model(path: str, device: torch.device) -> tuple[PreTrainedModel, object, Task]:
+    """A trained model, its tokenizer and task. A LoRA run's output_dir loads whole: transformers finds
+    the adapter beside the base (modeling.save_lora_base)."""
     check_local_path(path)
+    if Path(path, ADAPTER_CONFIG).is_file() and not Path(path, "config.json").is_file():
+        raise ConfigError(f"--model_name_or_path {path!r} holds a LoRA adapter without its base (a checkpoint of a "
+                          "--lora_r run): predict from the run's output_dir, which holds both")
     try:
         model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError) as err:

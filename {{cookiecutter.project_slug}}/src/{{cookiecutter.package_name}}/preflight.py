@@ -1,7 +1,8 @@
 """Check a run's settings and data in one process, before torchrun starts any worker.
 
 The launch scripts run `python -m <package>.preflight CONFIG [--flag value ...]` first, with the
-train module's own arguments. A bad flag value, a missing file or column, labels that do not fit the
+train module's own arguments. A bad flag value, a missing file or column, a tokenizer with nothing to
+pad with, LoRA layers or gradient checkpointing the model does not have, labels that do not fit the
 model or the checkpoint the run would resume, or a global batch larger than the data then end there
 with one `error:` line and exit status 2, instead of in every worker followed by torchrun's traceback.
 The workers check the same things again as they go (their files may differ from this node's).
@@ -22,6 +23,7 @@ import torch
 from .config import ConfigError, DataArguments, ModelArguments, check_batch_fits, check_local_path, parse_args
 from .data import Task, decide_task, load_raw_datasets
 from .distributed import resolve_device_settings, setup_logging
+from .modeling import check_model_settings, check_same_lora, load_tokenizer
 from .training_args import TrainingArguments
 
 logger = logging.getLogger(f"{__package__}.preflight")
@@ -45,6 +47,8 @@ def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingAr
                                        ddp_backend=args.ddp_backend)
     check_local_path(model_args.tokenizer_name or model_args.model_name_or_path)
     check_local_path(model_args.model_name_or_path)
+    load_tokenizer(model_args)  # refuses one with neither a pad nor an eos token
+    check_model_settings(model_args, args.gradient_checkpointing)
     raw = load_raw_datasets(data_args, model_args.cache_dir, seed=args.seed)  # also fills the workers' cache
     task = decide_task(raw, data_args)
     if not model_args.ignore_mismatched_sizes:
@@ -53,6 +57,7 @@ def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingAr
         checkpoint = resume_checkpoint(args)
         if checkpoint is not None:
             check_labels_fit(checkpoint, task, "checkpoint", same_names=True)
+            check_same_lora(checkpoint, model_args.lora_r)
         check_batch_fits(len(raw["train"]), world_size, args.per_device_train_batch_size,
                          args.gradient_accumulation_steps)
     device = "CPU" if settings.use_cpu else f"{torch.cuda.device_count()} GPU(s)"

@@ -4,6 +4,9 @@
 smoke run goes through the same loading code as a real model and dataset, with no network. Next to
 the sentiment task (train.jsonl, validation.jsonl) it writes one folder per other task type:
 pairs/ (sentence pairs), regression/ (a float score) and multilabel/ (a list of topics).
+`--decoders llama,qwen2,gpt2` also writes tiny-<family>/: a tiny decoder of that family, saved as its
+language model (the classifier head is new, as for a real checkpoint), with a tokenizer shaped like
+the family's own.
 """
 
 from __future__ import annotations
@@ -14,7 +17,22 @@ import random
 from pathlib import Path
 
 import transformers
-from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    BertTokenizer,
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPT2Tokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2Tokenizer,
+)
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 POSITIVE = ["good", "great", "superb", "moving", "brilliant", "fun", "charming", "wonderful"]
@@ -141,6 +159,60 @@ def build_model(vocab_size: int, seed: int) -> BertForSequenceClassification:
     return BertForSequenceClassification(config)
 
 
+# Each tokenizer as the family ships it: Llama's with bos and eos but no pad token, padding on the left;
+# GPT-2's byte-level, with one token for bos, eos and unk, and no pad token; Qwen2's byte-level, padding
+# with its eos token, which the model's config does not name.
+DECODERS = ("llama", "qwen2", "gpt2")
+
+
+def train_bpe(byte_level: bool, special_tokens: list[str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """BPE vocabulary and merges learned from the smoke words: every word becomes one token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    topic_words = [word for words in TOPICS.values() for word in words]
+    words = sorted(set(POSITIVE + NEGATIVE + NEUTRAL + topic_words))
+    tokenizer = Tokenizer(models.BPE(unk_token=None if byte_level else special_tokens[0]))
+    tokenizer.pre_tokenizer = (pre_tokenizers.ByteLevel(add_prefix_space=False) if byte_level
+                               else pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always"))
+    trainer = trainers.BpeTrainer(vocab_size=2048, special_tokens=special_tokens, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet() if byte_level else [])
+    tokenizer.train_from_iterator([f"{word} {word}" for word in words], trainer)  # first in a text, and after one
+    model = json.loads(tokenizer.to_str())["model"]
+    return model["vocab"], [tuple(merge) for merge in model["merges"]]
+
+
+def build_decoder_tokenizer(family: str) -> PreTrainedTokenizerBase:
+    if family == "llama":
+        vocab, merges = train_bpe(byte_level=False, special_tokens=["<unk>", "<s>", "</s>"])
+        return LlamaTokenizer(vocab=vocab, merges=merges, add_bos_token=True, model_max_length=128)
+    vocab, merges = train_bpe(byte_level=True, special_tokens=["<|endoftext|>"])
+    tokenizer_class = {"gpt2": GPT2Tokenizer, "qwen2": Qwen2Tokenizer}[family]
+    return tokenizer_class(vocab=vocab, merges=merges, model_max_length=128)
+
+
+def build_decoder(family: str, tokenizer: PreTrainedTokenizerBase, seed: int) -> PreTrainedModel:
+    """The family's language model, tiny: 2 layers of width 64."""
+    import torch
+
+    torch.manual_seed(seed)
+    tokens = {"vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
+              "eos_token_id": tokenizer.eos_token_id}
+    if family == "gpt2":
+        return GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=2, n_positions=128, **tokens))
+    config_class, model_class = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[
+        family]
+    return model_class(config_class(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                    num_key_value_heads=1, max_position_embeddings=128, **tokens))
+
+
+def make_tiny_decoder(family: str, folder: str | Path, seed: int = 0) -> Path:
+    """Write tiny-<family>'s tokenizer and model into folder; the same arguments give the same files."""
+    tokenizer = build_decoder_tokenizer(family)
+    tokenizer.save_pretrained(folder)
+    build_decoder(family, tokenizer, seed).save_pretrained(folder)
+    return Path(folder)
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
@@ -170,9 +242,16 @@ def main() -> None:
     parser.add_argument("--train_size", type=int, default=512, help="examples per task")
     parser.add_argument("--eval_size", type=int, default=101, help="odd on purpose: tests exact eval counts")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--decoders", default="", help=f"also tiny-<family>/ for these: {','.join(DECODERS)}")
     args = parser.parse_args()
+    families = [family for family in args.decoders.split(",") if family]
+    unknown = sorted(set(families) - set(DECODERS))
+    if unknown:
+        parser.error(f"--decoders {args.decoders}: no tiny {', '.join(unknown)}; choose from {', '.join(DECODERS)}")
     transformers.utils.logging.disable_progress_bar()  # no "Writing model shards" bar in logs
     path = make_smoke_assets(args.output_dir, args.train_size, args.eval_size, args.seed)
+    for family in families:
+        make_tiny_decoder(family, path / f"tiny-{family}", args.seed)
     print(f"smoke assets written to {path}/")
 
 

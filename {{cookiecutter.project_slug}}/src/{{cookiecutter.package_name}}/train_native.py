@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler, set_seed
+from transformers import PreTrainedTokenizerBase, get_scheduler, set_seed
 
 from .batching import BatchPlan, ResumableSampler, build_loader, build_train_batches
 from .checkpoint import checkpoint_problem, load_checkpoint, newest_checkpoint, save_checkpoint, saved_batch_plan
@@ -56,7 +56,7 @@ from .metrics import (
     whole_run_metrics,
     write_metrics,
 )
-from .modeling import load_model, load_tokenizer
+from .modeling import enable_gradient_checkpointing, load_model, load_tokenizer, parameter_counts, save_lora_base
 from .predict import predict_file
 from .tracking import Tracker, start_tracker
 from .training_args import TrainingArguments
@@ -124,7 +124,7 @@ class Job:
     train_loader: DataLoader
     plan: BatchPlan
     model: torch.nn.Module  # what the loop calls: DistributedDataParallel(module) when distributed
-    module: PreTrainedModel  # the model itself, for evaluating and saving
+    module: torch.nn.Module  # the model itself (with LoRA, in its peft wrapper), for evaluating and saving
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler | None  # fp16 only: loss scaling keeps small gradients from flushing to zero
@@ -150,7 +150,10 @@ def build_job(env: DistributedEnv, model_args: ModelArguments, data_args: DataAr
     sampler, train_loader, plan = build_train_batches(data.train, args, collator, env.rank, env.world_size,
                                                       env.device.type == "cuda", saved_batch_plan(checkpoint))
 
-    module = load_model(model_args, data.task).to(env.device)
+    module = load_model(model_args, data.task, tokenizer)
+    if args.gradient_checkpointing:
+        enable_gradient_checkpointing(module)
+    module = module.to(env.device)
     model = wrap_in_ddp(module, args, env)
     optimizer = build_optimizer(model, args)  # after wrapping, over the parameters DDP synchronises
     # --warmup_steps below 1 is a fraction of all steps, as in transformers.TrainingArguments.
@@ -172,9 +175,11 @@ def build_job(env: DistributedEnv, model_args: ModelArguments, data_args: DataAr
     return job
 
 
-def wrap_in_ddp(module: PreTrainedModel, args: TrainingArguments, env: DistributedEnv) -> torch.nn.Module:
+def wrap_in_ddp(module: torch.nn.Module, args: TrainingArguments, env: DistributedEnv) -> torch.nn.Module:
     if env.world_size == 1:
         return module
+    # DDP all-reduces the gradients of the parameters that require one, no others: under LoRA, those
+    # of the adapters and the head.
     return DistributedDataParallel(
         module,  # its constructor broadcasts rank 0's weights, so every rank starts identical
         device_ids=[env.local_rank] if env.device.type == "cuda" else None,
@@ -213,11 +218,12 @@ def train_and_evaluate(job: Job) -> dict[str, float]:
             logger.info(finished_message(args.output_dir, job.step))
             return {}
         if args.do_train:
-            metrics.update(train(job))
+            metrics.update(train(job) | parameter_counts(job.module))
             if job.stopped:  # by SIGTERM, after saving the step it reached
                 raise SystemExit(STOPPED_EXIT_CODE)
             if job.env.is_main_process:  # the final model in output_dir itself, as the Trainer variant leaves it
                 job.module.save_pretrained(job.args.output_dir)
+                save_lora_base(job.module, job.args.output_dir)
                 job.tokenizer.save_pretrained(job.args.output_dir)
         if job.args.do_eval:
             metrics.update(evaluate(job))

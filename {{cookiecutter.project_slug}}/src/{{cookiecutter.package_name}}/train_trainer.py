@@ -47,7 +47,7 @@ from .metrics import (
     whole_run_metrics,
     write_metrics,
 )
-from .modeling import load_model, load_tokenizer
+from .modeling import classifier_of, load_model, load_tokenizer, parameter_counts, save_lora_base
 from .predict import predict_file
 from .tracking import close_trackers, configure_tracker
 from .training_args import TrainingArguments
@@ -261,11 +261,13 @@ def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: Tr
     if args.do_train:
         check_batch_fits(len(data.train), args.world_size, args.per_device_train_batch_size,
                          args.gradient_accumulation_steps)
-    model = load_model(model_args, data.task)
+    model = load_model(model_args, data.task, tokenizer)
     # Classification heads take **kwargs but ignore num_items_in_batch and return a per-batch mean.
     # If the Trainer believed otherwise it would multiply the loss (and the gradients) by the world
-    # size and skip dividing by the accumulation steps.
-    model.accepts_loss_kwargs = False
+    # size and skip dividing by the accumulation steps. (It reads this inside a LoRA wrapper.)
+    classifier_of(model).accepts_loss_kwargs = False
+    # --gradient_checkpointing: the Trainer turns it on itself, in the non-reentrant form unless
+    # --gradient_checkpointing_kwargs says otherwise (modeling.enable_gradient_checkpointing says why).
     trainer = ClassificationTrainer(
         model=model,
         args=args,
@@ -317,8 +319,11 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
             return {}
         state = trainer.state
         metrics.update(whole_run_metrics(state.log_history, record.totals(args, state), state.global_step))
+        metrics.update(parameter_counts(trainer.model))
         metrics["epoch"] = state.epoch
         trainer.save_model()
+        if trainer.is_world_process_zero():
+            save_lora_base(trainer.model, args.output_dir)
         trainer.save_state()
     if args.do_eval:
         # Trainer's evaluation gathers with gather_for_metrics, which drops the examples the

@@ -45,6 +45,7 @@ class TrainingArguments:
     per_device_train_batch_size: int = flag(8, "Examples per process per micro-step.")
     per_device_eval_batch_size: int = flag(8, "Eval examples per process per batch.")
     gradient_accumulation_steps: int = flag(1, "Micro-steps per optimizer step.")
+    gradient_checkpointing: bool = flag(False, "Recompute activations: less memory.")
     # Differs from transformers: batches of similar length carry little padding (2.9x faster on
     # imdb-like lengths in the template's bench/length_grouping.py).
     train_sampling_strategy: str = flag("group_by_length", "Order of train examples.",
