@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import transformers
 from tqdm.auto import tqdm
 from transformers import EvalPrediction, Trainer, TrainerCallback, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -232,6 +233,10 @@ class EpochSeededLengthGroupedSampler(LengthGroupedSampler):
 
 
 class ClassificationTrainer(Trainer):
+    # Private Trainer methods overridden below. Were one renamed upstream, the override would be dead code
+    # and its fix silently gone; check_private_overrides stops the run instead.
+    PRIVATE_OVERRIDES = ("_get_train_sampler", "_run_epoch")
+
     def get_train_dataloader(self):
         loader = super().get_train_dataloader()
         loader.worker_init_fn = keep_through_sigterm(loader.worker_init_fn)
@@ -255,7 +260,19 @@ class ClassificationTrainer(Trainer):
         return None
 
 
+def check_private_overrides(trainer_class: type[Trainer] = ClassificationTrainer) -> None:
+    """Refuse a transformers whose Trainer lacks a private method this project overrides."""
+    missing = [name for name in trainer_class.PRIVATE_OVERRIDES if not callable(getattr(Trainer, name, None))]
+    if missing:
+        raise ConfigError(
+            f"transformers {transformers.__version__}: Trainer has no {', '.join(missing)}, which this project's "
+            f"{trainer_class.__name__} overrides (train_trainer.py); its fix would be skipped. Install the "
+            "transformers version pyproject.toml allows, or port the override"
+        )
+
+
 def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> Trainer:
+    check_private_overrides()
     tokenizer = load_tokenizer(model_args)
     data = load_data(data_args, tokenizer, model_args.cache_dir, args.seed)
     if args.do_train:
