@@ -627,3 +627,26 @@ def test_rendered_repo_passes_its_own_test_suite(rendered, combo, tmp_path):
     assert result.returncode == 0, output[-6000:]
     assert counts["failed"] == 0 and counts["errors"] == 0, counts
     assert counts["passed"] > 0, counts
+
+
+@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS))
+def test_every_function_and_class_the_package_defines_is_used_by_the_project(rendered, combo):
+    # A render ships only what its loop runs: a top-level definition named nowhere else in the package,
+    # the scripts, the configs or the manifests (tests do not count) is code the render does not use.
+    project = rendered(combo)
+    sources = {path: path.read_text(encoding="utf-8") for path in (project / "src").rglob("*.py")}
+    elsewhere = " ".join(
+        path.read_text(encoding="utf-8")
+        for folder in ("scripts", "configs", "k8s")
+        for path in (project / folder).rglob("*")
+        if path.is_file()
+    ) + (project / "pyproject.toml").read_text(encoding="utf-8")
+    unused = []
+    for path, text in sources.items():
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name != "main":
+                pattern = re.compile(rf"\b{node.name}\b")
+                uses = sum(len(pattern.findall(source)) for source in sources.values())
+                if uses <= 1 and not pattern.search(elsewhere):
+                    unused.append(f"{path.relative_to(project)}: {node.name}")
+    assert unused == []

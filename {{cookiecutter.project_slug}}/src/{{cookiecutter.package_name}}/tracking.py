@@ -5,8 +5,12 @@ each tracker reads, only where you have not set them: TensorBoard in output_dir/
 in output_dir/wandb, mlflow to a SQLite file, output_dir/mlflow.db (mlflow 3 refuses its old
 ./mlruns file store unless told otherwise). Rank 0 records the tracker's run id in
 output_dir/tracker_run.json the first time, and every later run of that output_dir (a resume)
-continues the same run. The Trainer's own callbacks (report_to) read this environment; the native
-loop logs through `start_tracker`.
+continues the same run. {% if cookiecutter.training_loop == "native" -%}
+The loop logs through `start_tracker`, which starts the chosen tracker on rank 0.
+{%- else -%}
+The Trainer's own callbacks (report_to) read this environment;
+`close_trackers` ends the runs they leave open.
+{%- endif %}
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from __future__ import annotations
 import json
 import os
 import secrets
+{%- if cookiecutter.training_loop == "trainer" %}
 import sys
+{%- endif %}
 from collections.abc import Callable, Collection
 from pathlib import Path
 
@@ -75,6 +81,7 @@ def new_mlflow_run() -> str:
 
     experiment = mlflow.set_experiment(os.environ["MLFLOW_EXPERIMENT_NAME"])  # created if missing
     return mlflow.MlflowClient().create_run(experiment.experiment_id).info.run_id
+{%- if cookiecutter.training_loop == "native" %}
 
 
 class TensorBoardTracker:
@@ -129,6 +136,7 @@ def start_tracker(report_to: str, output_dir: str, config: dict, is_main_process
     for none). It has log(scalars, step) and close()."""
     configure_tracker([report_to], output_dir, is_main_process)
     return TRACKER_CLASSES[report_to](config) if report_to != "none" and is_main_process else None
+{%- else %}
 
 
 def close_trackers() -> None:
@@ -138,3 +146,4 @@ def close_trackers() -> None:
         sys.modules["wandb"].finish()
     if "mlflow" in sys.modules and sys.modules["mlflow"].active_run() is not None:
         sys.modules["mlflow"].end_run()
+{%- endif %}
