@@ -48,7 +48,8 @@ def ddp_parameter_bytes(model) -> int | None:
 def main() -> None:
     model_args, data_args, args = config.parse_args(train.TrainingArguments, sys.argv[1:])
     args.dataloader_num_workers = 0  # the recorder must run in this process, not in a loader worker
-    resumed_from = args.resume_from_checkpoint or checkpoint.newest_checkpoint(args.output_dir)
+    complete = checkpoint.complete_checkpoints(args.output_dir, checkpoint.TRAINING_STATE)
+    resumed_from = args.resume_from_checkpoint or (complete[-1] if complete else None)
     env = train.setup_distributed(args)
     try:
         job = train.build_job(env, model_args, data_args, args)

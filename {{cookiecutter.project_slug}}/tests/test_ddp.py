@@ -15,6 +15,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import (
@@ -267,7 +268,7 @@ AGREE_SCRIPT = textwrap.dedent(
         if what == "precision":  # rank 1 stands for a GPU without native bf16, next to one with it
             agree_on_precision("bf16" if rank == 0 else "fp16")
         else:  # rank 1 stands for a node that cannot see the checkpoint (output_dir not shared)
-            agree_on_resume_checkpoint(what, lambda: None, lambda path: None if rank == 0 else "does not exist")
+            agree_on_resume_checkpoint(what, str(out_dir), "any", lambda path: None if rank == 0 else "does not exist")
         outcome = "went on"
     except ConfigError as err:
         outcome = "error: " + str(err)
@@ -312,3 +313,38 @@ def test_the_trainer_refuses_to_resume_a_checkpoint_of_another_world_size(first_
         "--gradient_accumulation_steps 1, this run has 1 processes x --per_device_train_batch_size 16 x "
         "--gradient_accumulation_steps 1: the Trainer resumes only the same split (the native loop can resume on "
         "another world size). Run with the checkpoint's settings, or use a new --output_dir")
+
+
+def test_the_newest_complete_checkpoint_is_chosen_and_a_save_cut_short_is_not(tmp_path: Path) -> None:
+    distributed, training_args = package_module("distributed"), package_module("training_args")
+    last_file = training_args.CHECKPOINT_LAST_FILE
+    for step, complete in ((9, True), (10, True), (12, False)):  # checkpoint-12: killed while saving
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        (folder / ("config.json" if not complete else last_file)).write_text("{}")
+    (tmp_path / "tmp-checkpoint-13").mkdir()
+    (tmp_path / "tmp-checkpoint-13" / last_file).write_text("{}")
+    complete = distributed.complete_checkpoints(tmp_path, last_file)
+    assert complete == [tmp_path / "checkpoint-9", tmp_path / "checkpoint-10"]
+    assert distributed.agree_on_resume_checkpoint(None, str(tmp_path), last_file) == tmp_path / "checkpoint-10"
+    assert distributed.agree_on_resume_checkpoint(None, str(tmp_path / "none"), last_file) is None
+    cut_short = f"^--resume_from_checkpoint '.*checkpoint-12' holds no {last_file}: "
+    with pytest.raises(package_module("config").ConfigError, match=cut_short):
+        distributed.agree_on_resume_checkpoint(str(tmp_path / "checkpoint-12"), str(tmp_path), last_file)
+{%- if cookiecutter.training_loop == "trainer" %}
+    from transformers.trainer import TRAINER_STATE_NAME
+
+    assert last_file == TRAINER_STATE_NAME  # what the Trainer writes last
+{%- endif %}
+
+
+def test_length_sorted_shards_cover_every_row_once_and_gather_back_in_row_order() -> None:
+    distributed = package_module("distributed")
+    lengths = [5, 9, 1, 9, 3, 7, 2]
+    shards = [distributed.length_sorted_shard(lengths, rank, 3) for rank in range(3)]
+    assert sorted(int(i) for shard in shards for i in shard) == list(range(len(lengths)))
+    assert [lengths[i] for i in shards[0]] == [9, 5, 1]  # of 9, 9, 7, 5, 3, 2, 1: every third, longest first
+    rows = shards[1]
+    values = np.asarray([[float(i), -float(i)] for i in rows])
+    (whole,) = distributed.gather_shards(rows, len(lengths), values)  # one process: its own rows only
+    assert whole[rows].tolist() == values.tolist()

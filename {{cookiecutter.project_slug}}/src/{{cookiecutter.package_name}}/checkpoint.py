@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,47 +19,25 @@ import safetensors.torch
 import torch
 import torch.distributed as dist
 
+from . import distributed
 from .config import ConfigError
-from .distributed import is_distributed
+from .distributed import complete_checkpoints, is_distributed
 from .modeling import check_same_lora, load_trained_weights, lora_rank, read_weights, trained_weights
+from .training_args import CHECKPOINT_LAST_FILE as TRAINING_STATE
 
 if TYPE_CHECKING:
     from .train import Job
 
-TRAINING_STATE = "training_state.pt"  # written last: a checkpoint folder holding it is complete
 BATCH_PLAN = "batch_plan.json"  # also in the training state; here readable without loading the optimizer
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's save_pretrained: a LoRA model's adapters and head
-CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
-
-
-def complete_checkpoints(output_dir: str | Path) -> list[Path]:
-    """checkpoint-N folders holding a training state, oldest first. Temporary folders never match."""
-    folder = Path(output_dir)
-    if not folder.is_dir():
-        return []
-    found = []
-    for path in folder.iterdir():
-        match = CHECKPOINT_NAME.match(path.name)
-        if match and (path / TRAINING_STATE).is_file():
-            found.append((int(match.group(1)), path))
-    return [path for _, path in sorted(found)]
-
-
-def newest_checkpoint(output_dir: str | Path) -> Path | None:
-    checkpoints = complete_checkpoints(output_dir)
-    return checkpoints[-1] if checkpoints else None
 
 
 def checkpoint_problem(path: Path) -> str | None:
     """What keeps `path` from being resumed, or None."""
-    if not path.exists():
-        return "does not exist"
-    if not (path / TRAINING_STATE).is_file():
-        return (f"holds no {TRAINING_STATE}: pass a checkpoint-N folder written by this loop, or leave the flag "
-                "out to resume from the newest one in --output_dir")
-    if not (path / BATCH_PLAN).is_file():
+    problem = distributed.checkpoint_problem(path, TRAINING_STATE)
+    if problem is None and not (path / BATCH_PLAN).is_file():
         return f"holds no {BATCH_PLAN}: an older version of this loop wrote it; resume it with that version"
-    return None
+    return problem
 
 
 def save_checkpoint(job: Job) -> None:
@@ -106,7 +83,7 @@ def save_checkpoint(job: Job) -> None:
 
 def rotate_checkpoints(output_dir: Path, limit: int | None) -> None:
     if limit is not None and limit > 0:
-        for old in complete_checkpoints(output_dir)[:-limit]:
+        for old in complete_checkpoints(output_dir, TRAINING_STATE)[:-limit]:
             shutil.rmtree(old, ignore_errors=True)
 
 

@@ -7,6 +7,7 @@ import functools
 import gc
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import datasets
+import numpy as np
 import torch
 import torch.distributed as dist
 import transformers
@@ -186,6 +188,33 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def length_sorted_shard(lengths: list[int], rank: int, world_size: int) -> np.ndarray:
+    """The row indices rank `rank` evaluates or predicts: every world_size-th row of the rows sorted longest
+    first. Similar lengths share a batch (little padding), and no row is taken twice: a
+    DistributedSampler would repeat rows to even out the ranks, and count them twice."""
+    return np.argsort(-np.asarray(lengths), kind="stable")[rank::world_size]
+
+
+def gather_shards(indices: np.ndarray, total: int, *columns: np.ndarray) -> list[np.ndarray] | None:
+    """On rank 0, each column of every rank's shard put back at its rows (one array per column, `total`
+    rows, in row order); None on the other ranks. Every rank of the group must call it."""
+    shares = [(indices, columns)]
+    if is_distributed():
+        shares = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object((indices, columns), shares, dst=0)
+        if dist.get_rank() != 0:
+            return None
+    gathered = []
+    for column in range(len(columns)):
+        first = shares[0][1][column]  # rank 0 holds row 0: its array has the column's shape and dtype
+        whole = np.empty((total, *first.shape[1:]), dtype=first.dtype)
+        for rows, values in shares:
+            if len(rows):  # a rank may get no row at all when there are fewer rows than ranks
+                whole[rows] = values[column]
+        gathered.append(whole)
+    return gathered
+
+
 def setup_logging(is_main_process: bool) -> None:
     """Log progress from rank 0; the other ranks report warnings and errors only. No progress bars of
     the libraries but the data set's tokenising, on a terminal."""
@@ -242,17 +271,48 @@ def assert_gradients_synchronised(model: torch.nn.Module) -> None:
             )
 
 
+CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+def complete_checkpoints(output_dir: str | Path, last_file: str) -> list[Path]:
+    """The checkpoint-N folders of output_dir that hold last_file, oldest first.
+
+    last_file is what the loop writes last into a checkpoint (training_args.CHECKPOINT_LAST_FILE), so a
+    save cut short never counts. Both loops and the preflight find checkpoints here.
+    """
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    found = [(int(match.group(1)), path) for path in folder.iterdir()
+             if (match := CHECKPOINT_NAME.match(path.name)) and (path / last_file).is_file()]
+    return [path for _, path in sorted(found)]
+
+
+def checkpoint_problem(path: Path, last_file: str) -> str | None:
+    """What keeps the folder `path` from being resumed, or None."""
+    if not path.exists():
+        return "does not exist"
+    if not (path / last_file).is_file():
+        return (f"holds no {last_file}: pass a checkpoint-N folder written by this loop, or leave the flag out "
+                "to resume from the newest one in --output_dir")
+    return None
+
+
 def agree_on_resume_checkpoint(
-    explicit: str | None, find_newest: Callable[[], Path | None], problem_with: Callable[[Path], str | None]
+    explicit: str | None, output_dir: str, last_file: str,
+    problem_with: Callable[[Path], str | None] | None = None,
 ) -> Path | None:
-    """--resume_from_checkpoint if given, else the newest checkpoint in output_dir, else None.
+    """--resume_from_checkpoint if given, else the newest complete checkpoint in output_dir, else None.
 
     Rank 0 decides and every rank takes its answer: ranks that resumed from different steps would
     wait on each other forever. Then every rank checks that it can read that checkpoint, and all fail
     together: a rank failing alone would leave the others waiting until --ddp_timeout.
-    `problem_with(path)` says what is wrong with a checkpoint folder, or returns None.
+    `problem_with(path)` says what is wrong with a checkpoint folder, or returns None; by default
+    checkpoint_problem. In one process (the preflight) it is the same choice and the same check.
     """
-    chosen = [Path(explicit) if explicit is not None else find_newest()]
+    problem_with = problem_with or functools.partial(checkpoint_problem, last_file=last_file)
+    newest = complete_checkpoints(output_dir, last_file)[-1:] if explicit is None else []
+    chosen = [Path(explicit) if explicit is not None else (newest[0] if newest else None)]
     if is_distributed():
         dist.broadcast_object_list(chosen, src=0)
     checkpoint = chosen[0]

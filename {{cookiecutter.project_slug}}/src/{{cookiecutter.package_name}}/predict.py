@@ -28,6 +28,8 @@ from .config import DATA_SUFFIXES, ConfigError, ModelArguments, check_local_path
 from .data import Task, build_collator, log_truncation, read_files, tokenize_datasets
 from .distributed import (
     cleanup_distributed,
+    gather_shards,
+    length_sorted_shard,
     print_error,
     resolve_device_settings,
     setup_logging,
@@ -125,14 +127,11 @@ def predict_file(model: PreTrainedModel, tokenizer, task: Task, input_file: str,
 @torch.no_grad()
 def predict_logits(model: PreTrainedModel, tokenizer, rows: Dataset, batch_size: int, device: torch.device,
                    precision: str) -> np.ndarray | None:
-    """Every row's logits, in row order, on rank 0 (None elsewhere).
-
-    Rank r takes every world_size-th row of the length-sorted rows: similar lengths per batch, little
-    padding, and no row twice (a DistributedSampler would repeat rows to even out the ranks).
-    """
+    """Every row's logits, in row order, on rank 0 (None elsewhere). Each rank predicts its
+    length_sorted_shard: similar lengths per batch, and no row twice."""
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     model.eval()  # no dropout: the same row gives the same prediction every time
-    mine = np.argsort(-np.asarray(rows["length"]), kind="stable")[rank::world_size]
+    mine = length_sorted_shard(rows["length"], rank, world_size)
     collator = build_collator(tokenizer, mixed_precision=precision != "no")
     loader = DataLoader(rows.select(mine), batch_size=batch_size, collate_fn=collator)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
@@ -140,17 +139,9 @@ def predict_logits(model: PreTrainedModel, tokenizer, rows: Dataset, batch_size:
     for batch in loader:
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             outputs.append(model(**{key: value.to(device) for key, value in batch.items()}).logits.float().cpu())
-    local = (mine, torch.cat(outputs).numpy() if outputs else np.empty((0, model.config.num_labels)))
-    shares = [local]
-    if world_size > 1:
-        shares = [None] * world_size if rank == 0 else None
-        dist.gather_object(local, shares, dst=0)
-    if rank != 0:
-        return None
-    logits = np.empty((len(rows), model.config.num_labels), dtype=np.float32)
-    for indices, values in shares:
-        logits[indices] = values
-    return logits
+    local = torch.cat(outputs).numpy() if outputs else np.empty((0, model.config.num_labels), dtype=np.float32)
+    gathered = gather_shards(mine, len(rows), local)
+    return None if gathered is None else gathered[0]
 
 
 def prediction_columns(logits: np.ndarray, task: Task) -> dict[str, list]:

@@ -22,9 +22,9 @@ import torch
 
 from .config import ConfigError, DataArguments, ModelArguments, check_batch_fits, check_local_path, parse_args
 from .data import Task, decide_task, load_raw_datasets
-from .distributed import resolve_device_settings, setup_logging
+from .distributed import agree_on_resume_checkpoint, resolve_device_settings, setup_logging
 from .modeling import check_model_settings, check_same_lora, load_tokenizer
-from .training_args import TrainingArguments
+from .training_args import CHECKPOINT_LAST_FILE, TrainingArguments
 
 logger = logging.getLogger(f"{__package__}.preflight")
 
@@ -54,7 +54,7 @@ def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingAr
     if not model_args.ignore_mismatched_sizes:
         check_labels_fit(Path(model_args.model_name_or_path), task, "--model_name_or_path")
     if args.do_train:
-        checkpoint = resume_checkpoint(args)
+        checkpoint = agree_on_resume_checkpoint(args.resume_from_checkpoint, args.output_dir, CHECKPOINT_LAST_FILE)
         if checkpoint is not None:
             check_labels_fit(checkpoint, task, "checkpoint", same_names=True)
             check_same_lora(checkpoint, model_args.lora_r)
@@ -64,16 +64,6 @@ def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingAr
     logger.info("preflight: %d train and %d eval examples, %s, labels %s, %d process(es) on %s, precision %s: "
                 "settings and data look right", len(raw["train"]), len(raw["validation"]), task.problem_type,
                 task.label_names or "none", world_size, device, settings.precision)
-
-
-def resume_checkpoint(args: TrainingArguments) -> Path | None:
-    if args.resume_from_checkpoint is not None:
-        if not Path(args.resume_from_checkpoint).is_dir():
-            raise ConfigError(f"--resume_from_checkpoint {args.resume_from_checkpoint!r} does not exist")
-        return Path(args.resume_from_checkpoint)
-    numbered = [(int(path.name.split("-")[1]), path) for path in Path(args.output_dir).glob("checkpoint-*")
-                if path.name.split("-")[1].isdigit() and path.is_dir()]
-    return max(numbered)[1] if numbered else None
 
 
 def check_labels_fit(model_dir: Path, task: Task, what: str, same_names: bool = False) -> None:

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, get_scheduler, set_seed
 
 from .batching import BatchPlan, ResumableSampler, build_loader, build_train_batches
-from .checkpoint import checkpoint_problem, load_checkpoint, newest_checkpoint, save_checkpoint, saved_batch_plan
+from .checkpoint import TRAINING_STATE, checkpoint_problem, load_checkpoint, save_checkpoint, saved_batch_plan
 from .config import ConfigError, DataArguments, ModelArguments, parse_args
 from .data import ClassificationCollator, ClassificationData, build_collator, load_data
 from .distributed import (
@@ -40,6 +40,8 @@ from .distributed import (
     agree_on_resume_checkpoint,
     assert_gradients_synchronised,
     cleanup_distributed,
+    gather_shards,
+    length_sorted_shard,
     print_error,
     resolve_device_settings,
     setup_logging,
@@ -145,7 +147,7 @@ def build_job(env: DistributedEnv, model_args: ModelArguments, data_args: DataAr
     tokenizer = load_tokenizer(model_args)
     data = load_data(data_args, tokenizer, model_args.cache_dir, args.seed)
     collator = build_collator(tokenizer, mixed_precision=env.precision != "no")
-    checkpoint = agree_on_resume_checkpoint(args.resume_from_checkpoint, lambda: newest_checkpoint(args.output_dir),
+    checkpoint = agree_on_resume_checkpoint(args.resume_from_checkpoint, args.output_dir, TRAINING_STATE,
                                             checkpoint_problem) if args.do_train else None
     sampler, train_loader, plan = build_train_batches(data.train, args, collator, env.rank, env.world_size,
                                                       env.device.type == "cuda", saved_batch_plan(checkpoint))
@@ -349,16 +351,14 @@ def log(job: Job, logs: dict[str, float], bar: tqdm) -> None:
 def evaluate(job: Job) -> dict[str, float]:
     """The task's metrics and the loss over every eval example exactly once, whatever the world size.
 
-    DistributedSampler would pad the eval set with repeats to share it evenly, and those would be
-    counted twice. Instead rank r takes every world_size-th example of the length-sorted set (no
-    repeats, similar lengths per batch). Rank 0 gathers the predictions and returns the metrics; the
-    other ranks return {}.
+    Each rank evaluates its distributed.length_sorted_shard (no repeats, similar lengths per batch), and
+    rank 0 gathers the predictions and returns the metrics; the other ranks return {}.
     """
     start, env, args = time.perf_counter(), job.env, job.args
     model = job.module  # not DDP: ranks may run different numbers of eval batches
     model.eval()
-    by_length = np.argsort(-np.asarray(job.data.validation["length"]), kind="stable")
-    shard = job.data.validation.select(by_length[env.rank :: env.world_size])
+    mine = length_sorted_shard(job.data.validation["length"], env.rank, env.world_size)
+    shard = job.data.validation.select(mine)
     loader = build_loader(shard, args, job.collator, args.per_device_eval_batch_size, env.device.type == "cuda")
     logits, labels, loss_sum = [], [], torch.zeros((), device=env.device)
     for batch in loader:
@@ -368,18 +368,18 @@ def evaluate(job: Job) -> dict[str, float]:
         loss_sum += output.loss.float() * len(batch["labels"])
         logits.append(output.logits.float().cpu())
         labels.append(batch["labels"].cpu())
-    local = ([torch.cat(logits).numpy()], [torch.cat(labels).numpy()], float(loss_sum)) if labels else ([], [], 0.0)
-    everyone = [local]
     if env.world_size > 1:
-        everyone = [None] * env.world_size if env.is_main_process else None
-        dist.gather_object(local, everyone, dst=0)
-    if not env.is_main_process:
+        dist.reduce(loss_sum, dst=0)
+    gathered = gather_shards(mine, len(job.data.validation), *(
+        (torch.cat(logits).numpy(), torch.cat(labels).numpy()) if labels
+        else (np.empty((0, job.module.config.num_labels), dtype=np.float32), np.empty(0))
+    ))
+    if gathered is None:
         return {}
-    all_logits = np.concatenate([array for rank_logits, _, _ in everyone for array in rank_logits])
-    all_labels = np.concatenate([array for _, rank_labels, _ in everyone for array in rank_labels])
+    all_logits, all_labels = gathered
     task = job.data.task
     metrics = task_metrics(all_logits, all_labels, task.problem_type, task.label_names, task.multi_label_threshold)
-    metrics["loss"] = sum(loss for _, _, loss in everyone) / max(1, len(all_labels))
+    metrics["loss"] = float(loss_sum) / max(1, len(all_labels))
     metrics["runtime"] = round(time.perf_counter() - start, 4)
     metrics["samples_per_second"] = round(len(all_labels) / metrics["runtime"], 3)
     return {f"eval_{key}": value for key, value in metrics.items()} | {"epoch": job.step / job.plan.steps_per_epoch}

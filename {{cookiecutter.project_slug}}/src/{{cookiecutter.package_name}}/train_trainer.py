@@ -22,7 +22,6 @@ from tqdm.auto import tqdm
 from transformers import EvalPrediction, Trainer, TrainerCallback, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_pt_utils import LengthGroupedSampler
-from transformers.trainer_utils import get_last_checkpoint
 
 from .config import ConfigError, DataArguments, ModelArguments, check_batch_fits, parse_args
 from .data import Task, build_collator, load_data
@@ -51,7 +50,7 @@ from .metrics import (
 from .modeling import classifier_of, load_model, load_tokenizer, parameter_counts, save_lora_base
 from .predict import predict_file
 from .tracking import close_trackers, configure_tracker
-from .training_args import TrainingArguments
+from .training_args import CHECKPOINT_LAST_FILE, TrainingArguments
 
 BATCH_PLAN = "batch_plan.json"
 RUN_TOTALS = "run_totals.json"  # time and examples trained up to this checkpoint, over every leg of the run
@@ -302,13 +301,8 @@ def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: Tr
 
 
 def find_resume_checkpoint(args: TrainingArguments) -> Path | None:
-    """--resume_from_checkpoint, else the newest checkpoint-N in output_dir; the same on every rank."""
-    def newest() -> Path | None:
-        found = get_last_checkpoint(args.output_dir) if Path(args.output_dir).is_dir() else None
-        return Path(found) if found is not None else None
-
-    return agree_on_resume_checkpoint(args.resume_from_checkpoint, newest,
-                                      lambda path: None if path.is_dir() else "does not exist")
+    """--resume_from_checkpoint, else the newest complete checkpoint-N in output_dir; the same on every rank."""
+    return agree_on_resume_checkpoint(args.resume_from_checkpoint, args.output_dir, CHECKPOINT_LAST_FILE)
 
 
 def callback(trainer: Trainer, kind: type):

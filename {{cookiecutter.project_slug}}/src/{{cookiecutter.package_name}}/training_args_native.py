@@ -19,6 +19,8 @@ from .config import ConfigError, check_training_settings
 from .distributed import default_dataloader_workers
 from .tracking import TRACKERS
 
+# checkpoint.py writes it last into checkpoint-N, after the weights: a folder holding it is complete.
+CHECKPOINT_LAST_FILE = "training_state.pt"
 STRATEGIES = ["no", "steps", "epoch"]
 # transformers' schedules, less those whose step() wants an eval metric (reduce_lr_on_plateau, greedy).
 SCHEDULES = ["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",

@@ -26,6 +26,11 @@ from .distributed import (
     start_distributed,
 )
 
+# transformers.trainer.TRAINER_STATE_NAME: the Trainer writes it into checkpoint-N after the weights, the
+# optimizer and the RNG state, so a folder holding it is complete. (Not imported from there: the preflight
+# would then import the whole Trainer.)
+CHECKPOINT_LAST_FILE = "trainer_state.json"
+
 
 @dataclass
 class TrainingArguments(transformers.TrainingArguments):
