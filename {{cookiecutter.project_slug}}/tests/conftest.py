@@ -1,17 +1,25 @@
-"""Shared fixtures: offline smoke assets and a real torchrun launcher (2 CPU processes, gloo)."""
+"""Shared fixtures and helpers: offline smoke assets, an isolated process for in-process tests, and a
+real torchrun launcher (2 CPU processes, gloo)."""
 
 from __future__ import annotations
 
 import importlib
+import json
+import operator
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import datasets
+import huggingface_hub.constants
 import psutil
 import pytest
 import yaml
+from accelerate.state import AcceleratorState
+from datasets import Dataset, DatasetDict, Features
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The one package under src/, found at run time so that this file is plain Python before rendering.
@@ -24,10 +32,16 @@ def package_module(name: str):
     return importlib.import_module(f"{PACKAGE}.{name}")
 
 
+def names_from(module: str, *names: str) -> tuple:
+    """`from <package>.<module> import <names>`, for a package whose name conftest finds at run time."""
+    return operator.attrgetter(*names)(package_module(module))
+
+
 SMOKE_CONFIG = REPO_ROOT / "configs" / "smoke.yaml"
 SMOKE = yaml.safe_load(SMOKE_CONFIG.read_text())
 TRAIN_SIZE = 256  # divisible by 2 ranks x the smoke batch, so shards can be exactly disjoint
 EVAL_SIZE = 101  # odd: a naive distributed eval would count one example twice
+REQUIRED = ["--model_name_or_path", "some/model", "--train_file", "train.jsonl"]  # the least train.py accepts
 
 
 @pytest.fixture(scope="session")
@@ -35,6 +49,57 @@ def smoke_assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("smoke_assets")
     return package_module("smoke").make_smoke_assets(folder, train_size=TRAIN_SIZE, eval_size=EVAL_SIZE)
 
+
+# ---- in-process tests: one process, offline, nothing left behind ---------------------------------
+
+@pytest.fixture
+def isolated_process(monkeypatch: pytest.MonkeyPatch):
+    """Offline, single-process, and no accelerate state left behind for the next test or module.
+
+    huggingface_hub reads HF_HUB_OFFLINE once, at import, so the constant itself is patched: a
+    missing model path then fails at once instead of retrying the Hub for ~20 s.
+
+    In a Trainer project, parsing builds transformers' TrainingArguments, whose device setup fills
+    accelerate's process-wide PartialState. The tests cannot leak into each other through it
+    (transformers resets that state before every device setup), but the state would outlive the
+    module, so it is reset after each test.
+    """
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_CPU"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.fixture
+def datasets_cache_in_tmp_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """datasets caches the files it reads (predict's and train's own loading) in the test's tmp_path."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets_cache")
+
+
+def parse_args(argv: list[str]) -> tuple:
+    """(model, data, training) arguments, parsed as this project's train.py parses them."""
+    return package_module("config").parse_args(package_module("training_args").TrainingArguments, argv)
+
+
+def in_memory(train_labels: list, validation_labels: list, features: Features | None = None) -> DatasetDict:
+    """Train and validation splits of a text column ("good" 1 to 5 times) and these labels."""
+    def split(labels: list) -> Dataset:
+        texts = [" ".join(["good"] * (i % 5 + 1)) for i in range(len(labels))]
+        return Dataset.from_dict(dict(text=texts, label=labels), features=features)
+    return DatasetDict(train=split(train_labels), validation=split(validation_labels))
+
+
+def task_of(*names: str, **inputs) -> object:
+    """A single-label Task over these label names (data.Task)."""
+    return package_module("data").Task("single_label_classification", list(names), **inputs)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# ---- runs: flags, launchers and what they leave behind -------------------------------------------
 
 def smoke_flags(assets: Path, output_dir: Path) -> list[str]:
     """configs/smoke.yaml, pointed at the test's own assets and output folder."""
@@ -87,6 +152,21 @@ def torchrun(args: list[str], nproc: int = 2, timeout: int = 300, check: bool = 
     if check and result.returncode != 0:
         pytest.fail(f"torchrun exited {result.returncode}:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
     return result
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def read_metrics(output_dir: Path) -> dict:
+    return json.loads((output_dir / "metrics.json").read_text())
+
+
+def read_probe(output_dir: Path, ranks: int = 2) -> list[dict]:
+    """The record tests/ddp_probe.py wrote for each rank."""
+    return [json.loads((output_dir / "probe" / f"rank{rank}.json").read_text()) for rank in range(ranks)]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -26,6 +26,7 @@ from conftest import (
     SMOKE,
     TRAIN_SIZE,
     package_module,
+    read_probe,
     run_env,
     smoke_flags,
     torchrun,
@@ -38,10 +39,6 @@ classification_metrics = package_module("metrics").classification_metrics
 PROBE = str(REPO_ROOT / "tests" / "ddp_probe.py")
 STEPS_PER_EPOCH = TRAIN_SIZE // (2 * SMOKE["per_device_train_batch_size"])  # 2 ranks
 EPOCHS = SMOKE["num_train_epochs"]
-
-
-def read_probe(output_dir: Path) -> list[dict]:
-    return [json.loads((output_dir / "probe" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
 
 @pytest.fixture(scope="module")

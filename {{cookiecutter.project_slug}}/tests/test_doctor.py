@@ -17,19 +17,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PACKAGE, REPO_ROOT, finish, run_env, smoke_flags, start, torchrun
+from conftest import PACKAGE, REPO_ROOT, finish, free_port, run_env, smoke_flags, start, torchrun
 
 DOCTOR = f"{PACKAGE}.doctor"
 LINE = re.compile(r"^(PASS|WARN|FAIL|SKIP)  (.+?)(?: \(node \d+, [^)]*\))?: (.*)$", re.MULTILINE)
 # Checked once per node, then once for all ranks together (printed by rank 0).
 NODE_CHECKS = ["config", "versions", "torchrun", "restarts", "GPUs", "precision", "master"]
 ALL_RANKS_CHECKS = ["backend", "same versions", "threads", "master port", "output_dir"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def check_lines(output: str) -> list[tuple[str, str, str]]:

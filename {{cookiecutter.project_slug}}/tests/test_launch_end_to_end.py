@@ -4,23 +4,12 @@ c10d rendezvous (the default) and by static rendezvous."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
-from conftest import EVAL_SIZE, REPO_ROOT, finish, run_env, smoke_flags, start
+from conftest import EVAL_SIZE, REPO_ROOT, finish, free_port, read_metrics, run_env, smoke_flags, start
 
 SCRIPTS = REPO_ROOT / "scripts"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def read_metrics(output_dir: Path) -> dict:
-    return json.loads((output_dir / "metrics.json").read_text())
 
 
 def test_single_node_script_trains_with_two_processes(smoke_assets: Path, tmp_path: Path) -> None:

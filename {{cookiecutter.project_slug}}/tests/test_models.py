@@ -35,6 +35,8 @@ from conftest import (
     TRAIN_SIZE,
     finish,
     package_module,
+    read_jsonl,
+    read_probe,
     run_env,
     smoke_flags,
     start,
@@ -249,10 +251,6 @@ def test_lora_target_modules_picks_those_layers_only(decoders: dict[str, Path]) 
 # ---- three runs under torchrun --------------------------------------------------------------
 
 
-def read_probe(output_dir: Path) -> list[dict]:
-    return [json.loads((output_dir / "probe" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
-
-
 def flags_for(smoke_assets: Path, model: Path, *extra: str, task: str = "") -> list[str]:
     """configs/smoke.yaml on the model and on the task's files (smoke_assets/<task>/), predicting the eval file."""
     files = smoke_assets / task
@@ -376,10 +374,6 @@ def test_a_stopped_lora_run_resumes_where_it_stopped_and_ends_with_the_uninterru
 # ---- what output_dir holds: predict, pipeline, merge ----------------------------------------
 
 
-def read_rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
 def predict_again(model_dir: Path, done: list[dict], tmp_path: Path) -> list[dict]:
     """predict.py's predictions from model_dir for the rows --do_predict predicted."""
     rows = tmp_path / "rows.jsonl"
@@ -388,7 +382,7 @@ def predict_again(model_dir: Path, done: list[dict], tmp_path: Path) -> list[dic
     cpu = torch.device("cpu")
     model, tokenizer, task = predict.load_trained_model(str(model_dir), cpu)
     path = predict.predict_file(model, tokenizer, task, str(rows), str(tmp_path / "again.jsonl"), 16, cpu)
-    return read_rows(path)
+    return read_jsonl(path)
 
 
 def assert_same_predictions(expected: list[dict], actual: list[dict], atol: float) -> None:
@@ -399,7 +393,7 @@ def assert_same_predictions(expected: list[dict], actual: list[dict], atol: floa
 @pytest.mark.parametrize("name", RUNS)
 def test_output_dir_predicts_as_do_predict_did(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     output_dir = request.getfixturevalue(name)["output_dir"]
-    done = read_rows(output_dir / "predictions.jsonl")
+    done = read_jsonl(output_dir / "predictions.jsonl")
     assert len(done) == EVAL_SIZE
     assert_same_predictions(done, predict_again(output_dir, done, tmp_path), atol=1e-5)
 
@@ -408,7 +402,7 @@ def test_output_dir_predicts_as_do_predict_did(name: str, request: pytest.Fixtur
 def test_transformers_pipeline_loads_output_dir_and_predicts_the_same(name: str, request: pytest.FixtureRequest
                                                                       ) -> None:
     output_dir = request.getfixturevalue(name)["output_dir"]
-    done = read_rows(output_dir / "predictions.jsonl")[:16]
+    done = read_jsonl(output_dir / "predictions.jsonl")[:16]
     task = data.Task.from_config(AutoConfig.from_pretrained(output_dir))
     classify = pipeline("text-classification", model=str(output_dir), device="cpu")
     inputs = [{"text": row[task.text_column], "text_pair": row[task.text_pair_column]} if task.text_pair_column
@@ -423,7 +417,7 @@ def test_the_merge_command_writes_a_plain_model_that_predicts_the_same(lora_run:
                                        "--output_dir", str(merged)])
     names = {path.name for path in merged.iterdir()}
     assert "model.safetensors" in names and not {name for name in names if name.startswith("adapter")}
-    done = read_rows(lora_run["output_dir"] / "predictions.jsonl")
+    done = read_jsonl(lora_run["output_dir"] / "predictions.jsonl")
     # W + (alpha / r) BA sums in another order than W x + (alpha / r) B (A x): float rounding.
     assert_same_predictions(done, predict_again(merged, done, tmp_path), atol=1e-4)
 

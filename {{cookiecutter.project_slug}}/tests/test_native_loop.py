@@ -15,7 +15,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EVAL_SIZE, PACKAGE, REPO_ROOT, TRAIN_SIZE, package_module, run_env, smoke_flags, torchrun
+from conftest import (
+    EVAL_SIZE,
+    PACKAGE,
+    REPO_ROOT,
+    TRAIN_SIZE,
+    package_module,
+    read_probe,
+    run_env,
+    smoke_flags,
+    torchrun,
+)
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -40,10 +50,6 @@ RESUME_ATOL = 1e-6
 # is 1.5e-7 on the smoke model; the bound leaves 60x room.
 ACCUMULATION_ATOL = 1e-5
 LOGGED_ATOL = 1.01e-4  # the loop logs loss and gradient norm rounded to 4 decimals
-
-
-def read_probe(output_dir: Path, ranks: int = 2) -> list[dict]:
-    return [json.loads((output_dir / "probe" / f"rank{rank}.json").read_text()) for rank in range(ranks)]
 
 
 def assert_weights_close(expected: dict, actual: dict, atol: float) -> None:

@@ -13,11 +13,10 @@ import json
 import os
 import re
 import signal
-import socket
 from pathlib import Path
 
 import pytest
-from conftest import IS_NATIVE, REPO_ROOT, SMOKE, TRAIN_SIZE, finish, run_env, smoke_flags, start
+from conftest import IS_NATIVE, REPO_ROOT, SMOKE, TRAIN_SIZE, finish, free_port, run_env, smoke_flags, start
 from safetensors.torch import load_file
 
 SCRIPTS = REPO_ROOT / "scripts"
@@ -28,12 +27,6 @@ FLAGS = ["--num_train_epochs", "2", "--save_strategy", "epoch"]  # checkpoints a
 WEIGHTS_ATOL = 1e-6
 # The loops' resume lines: "resumed from <path> at step N" (native), "resuming from checkpoint <path>" (Trainer).
 RESUMED_FROM = re.compile(r"resum(?:ed|ing) from (?:checkpoint )?(\S+)")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def crash_env(folder: Path, output_dir: Path, crash_at: str, crash_rank: int, **extra: str) -> dict[str, str]:

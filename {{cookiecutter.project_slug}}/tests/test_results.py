@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PACKAGE, REPO_ROOT, run_env, smoke_flags
+from conftest import PACKAGE, REPO_ROOT, read_metrics, run_env, smoke_flags
 
 STEPS_PER_EPOCH = 16  # 256 train examples / batch 16, one process
 
@@ -19,10 +19,6 @@ def train(flags: list[str]) -> subprocess.CompletedProcess:
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return result
-
-
-def read_metrics(output_dir: Path) -> dict:
-    return json.loads((output_dir / "metrics.json").read_text())
 
 
 @pytest.fixture(scope="module", params=[["--num_train_epochs", "1"], ["--max_steps", "12"]],

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import datasets
-import huggingface_hub.constants
 import pytest
-from accelerate.state import AcceleratorState
 from conftest import package_module, smoke_flags
 
 # (case, flags, None if accepted or the error line both must print)
@@ -38,15 +35,10 @@ CASES = [
 
 
 @pytest.fixture(autouse=True)
-def one_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets_cache")
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "ACCELERATE_MIXED_PRECISION",
-                 "ACCELERATE_USE_CPU"):
-        monkeypatch.delenv(name, raising=False)
+def one_process(isolated_process, datasets_cache_in_tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """conftest's isolated process, and the preflight counting this one process alone."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setenv("PREFLIGHT_WORLD_SIZE", "1")
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def verdict(module: str, argv: list[str], capsys: pytest.CaptureFixture) -> str | None:

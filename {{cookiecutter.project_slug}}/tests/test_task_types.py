@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import EVAL_SIZE, PACKAGE, REPO_ROOT, package_module, run_env, torchrun
+from conftest import EVAL_SIZE, PACKAGE, REPO_ROOT, package_module, read_jsonl, run_env, torchrun
 
 CONFIGS = REPO_ROOT / "configs"
 
@@ -25,10 +25,6 @@ def task_flags(task: str, assets: Path, output_dir: Path) -> list[str]:
         "--output_dir", str(output_dir),
         "--disable_tqdm", "true",
     ]
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")

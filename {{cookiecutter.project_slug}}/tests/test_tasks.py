@@ -11,28 +11,18 @@ from __future__ import annotations
 import json
 import logging
 import math
-import operator
 import subprocess
 import sys
 from pathlib import Path
 
-import datasets
-import huggingface_hub.constants
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from accelerate.state import AcceleratorState
-from conftest import PACKAGE, REPO_ROOT, package_module, run_env
+from conftest import PACKAGE, REPO_ROOT, REQUIRED, in_memory, names_from, package_module, parse_args, run_env
 from datasets import ClassLabel, Dataset, DatasetDict, Features, List, Value
 from scipy.stats import pearsonr, spearmanr
 from transformers import AutoConfig
-
-
-def names_from(module: str, *names: str) -> tuple:
-    """`from <package>.<module> import <names>`, for a package whose name conftest finds at run time."""
-    return operator.attrgetter(*names)(package_module(module))
-
 
 ConfigError, DataArguments, ModelArguments = names_from("config", "ConfigError", "DataArguments", "ModelArguments")
 Task, decide_task, label_names, load_raw_datasets, tokenize_datasets = names_from(
@@ -44,37 +34,17 @@ multi_label_metrics, predict_from_logits, regression_metrics, task_metrics = nam
 load_model = package_module("modeling").load_model
 predict_file, prediction_columns, write_rows = names_from("predict", "predict_file", "prediction_columns", "write_rows")
 smoke = package_module("smoke")
-TrainingArguments = package_module("training_args").TrainingArguments  # the rendered loop's own
 
 SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
 
 
-@pytest.fixture(autouse=True)
-def isolated_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    """Offline, single-process, datasets cached in tmp_path, and no accelerate state left behind
-    (a Trainer project's TrainingArguments fills it while parsing; see test_units.py)."""
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets_cache")  # predict reads files
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_CPU"):
-        monkeypatch.delenv(name, raising=False)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-
-
-def parse_args(argv: list[str]) -> tuple:
-    """(model, data, training) arguments, parsed as this project's train.py parses them."""
-    return package_module("config").parse_args(TrainingArguments, argv)
+# Offline, one process, no accelerate state left behind (conftest), and datasets cached in tmp_path:
+# predict reads files.
+pytestmark = pytest.mark.usefixtures("isolated_process", "datasets_cache_in_tmp_path")
 
 
 def data_args(**options) -> object:
     return DataArguments(train_file="train.jsonl", **options)
-
-
-def in_memory(train_labels: list, validation_labels: list, features: Features | None = None) -> DatasetDict:
-    def split(labels: list) -> Dataset:
-        texts = [" ".join(["good"] * (i % 5 + 1)) for i in range(len(labels))]
-        return Dataset.from_dict(dict(text=texts, label=labels), features=features)
-    return DatasetDict(train=split(train_labels), validation=split(validation_labels))
 
 
 def words(count: int, word: str = "movie") -> str:
@@ -82,9 +52,6 @@ def words(count: int, word: str = "movie") -> str:
 
 
 # ---- config: the new data flags ----------------------------------------------------------------
-
-REQUIRED = ["--model_name_or_path", "some/model", "--train_file", "train.jsonl"]
-
 
 @pytest.mark.parametrize(("options", "message"), [
     (dict(text_pair_column="text"), "^--text_pair_column text: use a column other than the text and label columns$"),

@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pytest
 import transformers
-from conftest import PACKAGE, REPO_ROOT, package_module, run_env
+from conftest import PACKAGE, REPO_ROOT, REQUIRED, package_module, run_env
 
 config = package_module("config")
 ConfigError = config.ConfigError
 TrainingArguments = package_module("training_args").TrainingArguments
 
-REQUIRED = ["--model_name_or_path", "some/model", "--train_file", "train.jsonl"]
 # The project's own flag; the Trainer variant adds it to transformers.TrainingArguments as well.
 PROJECT_FLAGS = {"mixed_precision"}
 # Where this loop's default differs from transformers.TrainingArguments', on purpose.

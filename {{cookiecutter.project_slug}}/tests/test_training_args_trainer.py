@@ -11,27 +11,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState
-from conftest import package_module, smoke_flags
+from conftest import REQUIRED, package_module, smoke_flags
 
 config = package_module("config")
 ConfigError = config.ConfigError
 TrainingArguments = package_module("training_args").TrainingArguments
 train = package_module("train")
 
-REQUIRED = ["--model_name_or_path", "some/model", "--train_file", "train.jsonl"]
-
-
-@pytest.fixture(autouse=True)
-def single_process(monkeypatch: pytest.MonkeyPatch):
-    """No torchrun or accelerate settings from the shell; no accelerate state left for the next module.
-
-    Parsing runs transformers' device setup, which fills accelerate's process-wide PartialState.
-    """
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_CPU"):
-        monkeypatch.delenv(name, raising=False)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
+# No torchrun or accelerate settings from the shell; no accelerate state left for the next module
+# (parsing runs transformers' device setup, which fills accelerate's process-wide PartialState).
+pytestmark = pytest.mark.usefixtures("isolated_process")
 
 
 def parse(*argv: str) -> TrainingArguments:

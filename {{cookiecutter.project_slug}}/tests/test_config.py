@@ -1,0 +1,156 @@
+"""config.py: a YAML or JSON file, then flags, parsed with this loop's own TrainingArguments.
+
+Every project has training_args.py, so each test here holds for either loop. Files are written into
+tmp_path; no network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO_ROOT, REQUIRED, names_from, package_module, parse_args
+
+ConfigError = names_from("config", "ConfigError")
+TrainingArguments = package_module("training_args").TrainingArguments  # the rendered loop's own
+
+pytestmark = pytest.mark.usefixtures("isolated_process")  # offline, one process, no state left behind
+
+
+def write_yaml(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_yaml_sets_values_and_flags_after_it_override_them(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "run.yaml", (
+        "model_name_or_path: from/yaml\ntrain_file: data/train.csv\nlearning_rate: 0.001\n"
+        "seed: 7\nmax_seq_length: 64\nnum_train_epochs: 3\n"
+    ))
+    model_args, data_args, training_args = parse_args([config, "--learning_rate", "0.005", "--seed", "9"])
+    assert training_args.learning_rate == 0.005  # flag
+    assert training_args.seed == 9  # flag
+    assert training_args.num_train_epochs == 3  # yaml
+    assert data_args.max_seq_length == 64  # yaml
+    assert (model_args.model_name_or_path, data_args.train_file) == ("from/yaml", "data/train.csv")
+    _, _, from_yaml_only = parse_args([config])
+    assert from_yaml_only.learning_rate == 0.001
+
+
+def test_json_config_is_read_like_yaml(tmp_path: Path) -> None:
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps(
+        dict(model_name_or_path="from/json", train_file="t.parquet", learning_rate=0.002, max_seq_length=32)
+    ))
+    model_args, data_args, training_args = parse_args([str(config), "--max_seq_length", "16"])
+    assert (model_args.model_name_or_path, data_args.train_file) == ("from/json", "t.parquet")
+    assert training_args.learning_rate == 0.002
+    assert data_args.max_seq_length == 16
+
+
+def test_yaml_exponent_without_a_dot_still_becomes_a_float(tmp_path: Path) -> None:
+    """PyYAML reads `2e-5` as the string '2e-5' (YAML 1.1); argparse converts string defaults by type."""
+    config = write_yaml(tmp_path / "run.yaml", "model_name_or_path: m\ntrain_file: t.jsonl\nlearning_rate: 2e-5\n")
+    _, _, training_args = parse_args([config])
+    assert training_args.learning_rate == pytest.approx(2e-5)
+    assert isinstance(training_args.learning_rate, float)
+
+
+def test_unknown_yaml_key_is_refused_by_name(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "run.yaml", "model_name_or_path: m\ntrain_file: t.jsonl\nlearning_rat: 0.1\n")
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) learning_rat;"):
+        parse_args([config])
+
+
+def test_unknown_flag_is_refused_with_argparse_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as refusal:
+        parse_args([*REQUIRED, "--lerning_rate", "0.1"])
+    assert refusal.value.code == 2
+    stderr = capsys.readouterr().err
+    assert stderr.startswith("usage: ")
+    assert "error: unrecognized arguments: --lerning_rate 0.1" in stderr
+
+
+def test_missing_config_file_is_refused(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match=f"config file '{missing}' not found"):
+        parse_args([missing])
+
+
+def test_yaml_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "list.yaml", "- learning_rate\n- 0.1\n")
+    with pytest.raises(ConfigError, match="must hold a mapping of flag names to values"):
+        parse_args([config])
+
+
+def test_invalid_yaml_is_refused(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "broken.yaml", "learning_rate: [0.1,\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        parse_args([config])
+
+
+@pytest.mark.parametrize("config", ["smoke.yaml", "default.yaml", "local_files.yaml", "smoke_pairs.yaml",
+                                    "smoke_regression.yaml", "smoke_multilabel.yaml"])
+def test_shipped_configs_parse_and_every_value_lands(config: str) -> None:
+    path = REPO_ROOT / "configs" / config
+    # default.yaml holds the generated mixed_precision answer; fp16 is refused on a CPU-only machine.
+    parsed = {}
+    for arguments in parse_args([str(path), "--mixed_precision", "no"]):
+        parsed.update(vars(arguments))
+    values = yaml.safe_load(path.read_text())
+    values.pop("mixed_precision")
+    assert {key: parsed[key] for key in values} == values
+
+
+def test_defaults_suit_ddp_fine_tuning() -> None:
+    _, data_args, training_args = parse_args(REQUIRED)
+    assert training_args.train_sampling_strategy == "group_by_length"
+    assert training_args.ddp_find_unused_parameters is False
+    assert (training_args.output_dir, training_args.save_total_limit, training_args.logging_steps) == ("outputs", 2, 10)
+    assert (training_args.do_train, training_args.do_eval) == (True, True)
+    default_precision = next(f.default for f in dataclasses.fields(TrainingArguments) if f.name == "mixed_precision")
+    assert default_precision == "auto"
+    assert (data_args.max_seq_length, data_args.validation_split_percentage) == (512, 5)
+
+
+def test_nothing_to_do_is_refused() -> None:
+    with pytest.raises(ConfigError, match="--do_train false and --do_eval false leave nothing to do"):
+        parse_args([*REQUIRED, "--do_train", "false", "--do_eval", "false"])
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--model_name_or_path", "m"], "--dataset_name or --train_file is required"),
+    ([*REQUIRED[:2], "--train_file", "train.txt"], "--train_file 'train.txt': unsupported format"),
+    ([*REQUIRED, "--validation_file", "dev.tsv"], "--validation_file 'dev.tsv': unsupported format"),
+    ([*REQUIRED, "--max_seq_length", "0"], "--max_seq_length 0: must be >= 1"),
+    ([*REQUIRED, "--validation_split_percentage", "100"], "--validation_split_percentage must be between 1 and 99"),
+    ([*REQUIRED, "--dataset_name", "imdb"],
+     r"^--dataset_name imdb and --train_file train.jsonl are both set; pass one \(configs/local_files.yaml has no "),
+    (["--model_name_or_path", "m", "--dataset_name", "imdb", "--validation_file", "dev.csv"],
+     "^--validation_file dev.csv needs --train_file; pass both"),
+], ids=["no-data", "train-suffix", "validation-suffix", "max-seq-length-0", "split-100", "hub-and-file",
+        "validation-without-train"])
+def test_data_arguments_refuse_bad_settings(flags: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_args(flags)
+
+
+def test_default_config_with_a_train_file_is_refused_naming_local_files_yaml() -> None:
+    # default.yaml names the generated dataset_name; a file on top of it must not silently win.
+    default = str(REPO_ROOT / "configs" / "default.yaml")
+    with pytest.raises(ConfigError, match=r"--train_file my\.csv are both set; pass one \(configs/local_files\.yaml"):
+        parse_args([default, "--train_file", "my.csv", "--mixed_precision", "no"])
+    local_files = str(REPO_ROOT / "configs" / "local_files.yaml")
+    _, data_args, _ = parse_args([local_files, "--train_file", "my.csv", "--mixed_precision", "no"])
+    assert (data_args.dataset_name, data_args.train_file, data_args.validation_file) == (None, "my.csv", "data/dev.csv")
+
+
+def test_config_file_value_outside_a_flags_choices_is_refused(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "run.yaml", (
+        "model_name_or_path: m\ntrain_file: t.jsonl\ntrain_sampling_strategy: group_by_lenght\n"
+    ))
+    with pytest.raises(ConfigError, match="train_sampling_strategy"):
+        parse_args([config])

@@ -1,0 +1,198 @@
+"""data.py: loading local files, label names, tokenising and the collator.
+
+The tokenizer is the tiny offline one from smoke.py; data is built in memory or written into tmp_path.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from conftest import in_memory, names_from, package_module, task_of
+from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
+
+ConfigError = names_from("config", "ConfigError")
+DataArguments, build_collator, label_names, load_raw_datasets, tokenize_datasets = names_from(
+    "data", "DataArguments", "build_collator", "label_names", "load_raw_datasets", "tokenize_datasets"
+)
+smoke = package_module("smoke")
+
+pytestmark = pytest.mark.usefixtures("isolated_process")  # offline, one process, no state left behind
+
+
+# ---- loading local files -----------------------------------------------------------------------
+
+def example_rows(count: int, seed: int) -> list[dict]:
+    return smoke.synthetic_examples(count, seed)
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    if path.suffix == ".csv":
+        with path.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    elif path.suffix == ".json":
+        path.write_text(json.dumps(rows))  # one JSON array
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    else:
+        Dataset.from_list(rows).to_parquet(str(path))
+    return path
+
+
+def load(tmp_path: Path, **options) -> DatasetDict:
+    return load_raw_datasets(DataArguments(**options), cache_dir=str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".json", ".jsonl", ".parquet"])
+def test_load_raw_datasets_reads_each_local_format(tmp_path: Path, suffix: str) -> None:
+    train, validation = example_rows(40, seed=1), example_rows(10, seed=2)
+    raw = load(tmp_path, train_file=str(write_rows(tmp_path / f"train{suffix}", train)),
+               validation_file=str(write_rows(tmp_path / f"validation{suffix}", validation)))
+    assert list(raw) == ["train", "validation"]
+    assert raw["train"]["text"] == [row["text"] for row in train]
+    assert raw["validation"]["label"] == [row["label"] for row in validation]
+
+
+def test_without_a_validation_file_a_seeded_share_of_train_is_held_out(tmp_path: Path) -> None:
+    rows = example_rows(50, seed=1)
+    train_file = str(write_rows(tmp_path / "train.jsonl", rows))
+    raw = load(tmp_path, train_file=train_file, validation_split_percentage=20)
+    assert (len(raw["train"]), len(raw["validation"])) == (40, 10)
+    held_out, kept = set(raw["validation"]["text"]), set(raw["train"]["text"])
+    assert held_out.isdisjoint(kept) and held_out | kept == {row["text"] for row in rows}
+    again = load(tmp_path, train_file=train_file, validation_split_percentage=20)
+    assert again["validation"]["text"] == raw["validation"]["text"]  # same seed, same split on every rank
+
+
+@pytest.mark.parametrize(("option", "flag"), [("text_column", "--text_column"), ("label_column", "--label_column")])
+def test_missing_column_is_refused_naming_the_flag_and_the_columns(tmp_path: Path, option: str, flag: str) -> None:
+    train_file = str(write_rows(tmp_path / "train.csv", example_rows(20, seed=1)))
+    with pytest.raises(ConfigError, match=f"{flag} 'sentence' is not a column of the train split; "
+                                          "columns are: text, label"):
+        load(tmp_path, train_file=train_file, **{option: "sentence"})
+
+
+def test_missing_file_is_refused_by_name(tmp_path: Path) -> None:
+    train_file = str(write_rows(tmp_path / "train.jsonl", example_rows(10, seed=1)))
+    missing = str(tmp_path / "dev.jsonl")
+    with pytest.raises(ConfigError, match=f"--validation_file '{missing}' not found"):
+        load(tmp_path, train_file=train_file, validation_file=missing)
+    with pytest.raises(ConfigError, match=f"--train_file '{missing}' not found"):
+        load(tmp_path, train_file=missing)
+
+
+def test_malformed_file_is_refused(tmp_path: Path) -> None:
+    broken = tmp_path / "train.json"
+    broken.write_text('{"text": "good film", "label": 1}\n{"text": oops\n')
+    with pytest.raises(ConfigError, match=f"could not read {broken} as json"):
+        load(tmp_path, train_file=str(broken))
+
+
+def test_max_train_and_eval_samples_keep_the_first_examples(tmp_path: Path) -> None:
+    train, validation = example_rows(30, seed=1), example_rows(12, seed=2)
+    raw = load(tmp_path, train_file=str(write_rows(tmp_path / "train.jsonl", train)),
+               validation_file=str(write_rows(tmp_path / "validation.jsonl", validation)),
+               max_train_samples=7, max_eval_samples=5)
+    assert raw["train"]["text"] == [row["text"] for row in train[:7]]
+    assert raw["validation"]["text"] == [row["text"] for row in validation[:5]]
+    bigger = load(tmp_path, train_file=str(tmp_path / "train.jsonl"),
+                  validation_file=str(tmp_path / "validation.jsonl"), max_train_samples=1000)
+    assert len(bigger["train"]) == 30
+
+
+# ---- labels and tokenising ---------------------------------------------------------------------
+
+def test_string_labels_are_sorted() -> None:
+    raw = in_memory(["pos", "neg", "neutral", "neg"], ["neg", "pos"])
+    assert label_names(raw, "label") == ["neg", "neutral", "pos"]
+
+
+def test_int_labels_are_sorted_as_numbers_then_named_as_strings() -> None:
+    raw = in_memory([10, 2, 0, 2], [0, 10])
+    assert label_names(raw, "label") == ["0", "2", "10"]
+
+
+def test_class_label_names_keep_their_order() -> None:
+    features = Features(text=Value("string"), label=ClassLabel(names=["pos", "neg", "neutral"]))
+    raw = in_memory([0, 1, 1], [2], features=features)  # "neutral" only in validation: still a class
+    assert label_names(raw, "label") == ["pos", "neg", "neutral"]
+
+
+def test_validation_labels_unseen_in_train_are_refused() -> None:
+    raw = in_memory(["neg", "pos"], ["pos", "meh", "awful"])
+    with pytest.raises(ConfigError, match=r"validation has labels not seen in train: \['awful', 'meh'\]"):
+        label_names(raw, "label")
+
+
+def test_empty_train_labels_are_refused() -> None:
+    raw = in_memory(["neg", None], ["neg"])
+    with pytest.raises(ConfigError, match="has empty values in the train split"):
+        label_names(raw, "label")
+
+
+def tokenized(raw: DatasetDict, max_seq_length: int = 512) -> tuple[DatasetDict, list[str]]:
+    names = label_names(raw, "label")
+    return tokenize_datasets(raw, smoke.build_tokenizer(), task_of(*names, max_seq_length=max_seq_length)), names
+
+
+def test_tokenize_maps_labels_to_ids_in_label_names_order() -> None:
+    raw = in_memory(["pos", "neg", "neutral", "neg"], ["neutral", "pos"])
+    data, names = tokenized(raw)
+    assert data["train"]["labels"] == [2, 0, 1, 0]
+    assert data["validation"]["labels"] == [1, 2]
+    assert [names[i] for i in data["train"]["labels"]] == raw["train"]["label"]
+    ints, _ = tokenized(in_memory([10, 2, 0], [2]))
+    assert ints["train"]["labels"] == [2, 1, 0]
+    features = Features(text=Value("string"), label=ClassLabel(names=["pos", "neg"]))
+    class_labels, _ = tokenized(in_memory([1, 0, 1], [0], features=features))
+    assert class_labels["train"]["labels"] == [1, 0, 1]
+
+
+def test_tokenize_keeps_only_model_inputs_and_records_each_length() -> None:
+    data, _ = tokenized(in_memory(["a", "b", "a", "b", "a"], ["a"]))
+    assert sorted(data["train"].column_names) == [
+        "attention_mask", "input_ids", "labels", "length", "token_type_ids", "truncated"]
+    # "good" x (i % 5 + 1) plus [CLS] and [SEP].
+    assert data["train"]["length"] == [3, 4, 5, 6, 7]
+    assert data["train"]["length"] == [len(ids) for ids in data["train"]["input_ids"]]
+
+
+def test_tokenize_truncates_at_max_seq_length() -> None:
+    tokenizer = smoke.build_tokenizer()
+    data, _ = tokenized(in_memory(["a", "b", "a", "b", "a"], ["a"]), max_seq_length=5)
+    assert data["train"]["length"] == [3, 4, 5, 5, 5]
+    assert [ids[-1] for ids in data["train"]["input_ids"]] == [tokenizer.sep_token_id] * 5
+    assert data["train"]["truncated"] == [False, False, False, True, True]  # the 5-token one fits exactly
+
+
+# ---- collator ----------------------------------------------------------------------------------
+
+def features_of_lengths(*lengths: int) -> list[dict]:
+    return [
+        dict(input_ids=[2, *range(5, 5 + n - 2), 3], attention_mask=[1] * n, token_type_ids=[0] * n,
+             labels=i % 2, length=n, sample_index=i)
+        for i, n in enumerate(lengths)
+    ]
+
+
+def test_collator_drops_helper_columns_and_pads_to_the_longest_in_the_batch() -> None:
+    tokenizer = smoke.build_tokenizer()
+    batch = build_collator(tokenizer, mixed_precision=False)(features_of_lengths(4, 10, 6))
+    assert sorted(batch) == ["attention_mask", "input_ids", "labels", "token_type_ids"]
+    assert batch["input_ids"].shape == (3, 10)
+    assert batch["attention_mask"].sum(dim=1).tolist() == [4, 10, 6]
+    assert batch["input_ids"][0, 4:].tolist() == [tokenizer.pad_token_id] * 6
+    assert batch["labels"].tolist() == [0, 1, 0]
+    short = build_collator(tokenizer, mixed_precision=False)(features_of_lengths(4, 5))
+    assert short["input_ids"].shape == (2, 5)  # dynamic: this batch's longest, not max_seq_length
+
+
+def test_collator_pads_to_a_multiple_of_8_only_under_mixed_precision() -> None:
+    tokenizer = smoke.build_tokenizer()
+    assert build_collator(tokenizer, mixed_precision=True)(features_of_lengths(4, 10))["input_ids"].shape == (2, 16)
+    assert build_collator(tokenizer, mixed_precision=True)(features_of_lengths(4, 16))["input_ids"].shape == (2, 16)
+    assert build_collator(tokenizer, mixed_precision=False)(features_of_lengths(4, 10))["input_ids"].shape == (2, 10)

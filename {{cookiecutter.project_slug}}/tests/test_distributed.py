@@ -1,0 +1,197 @@
+"""distributed.py in process: device, backend and precision, GPU pinning, rank order and loader workers.
+
+No torchrun and no GPU: CUDA queries, process groups and the CPU count are patched per test.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from conftest import names_from, package_module
+
+ConfigError = names_from("config", "ConfigError")
+distributed = package_module("distributed")
+resolve_device_settings = distributed.resolve_device_settings
+
+pytestmark = pytest.mark.usefixtures("isolated_process")  # offline, one process, no state left behind
+
+
+# (mixed_precision, cuda available, bf16 supported) -> precision, or None where it is refused.
+PRECISION_TABLE = [
+    ("auto", False, False, "no"),
+    ("auto", False, True, "no"),
+    ("auto", True, False, "fp16"),
+    ("auto", True, True, "bf16"),
+    ("bf16", False, False, "bf16"),  # bf16 autocast works on CPU
+    ("bf16", False, True, "bf16"),
+    ("bf16", True, False, None),  # V100, T4: emulated, slowly
+    ("bf16", True, True, "bf16"),
+    ("fp16", False, False, None),
+    ("fp16", False, True, None),
+    ("fp16", True, False, "fp16"),
+    ("fp16", True, True, "fp16"),
+    ("no", False, False, "no"),
+    ("no", False, True, "no"),
+    ("no", True, False, "no"),
+    ("no", True, True, "no"),
+]
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize(("mixed_precision", "cuda", "bf16_ok", "expected"), PRECISION_TABLE)
+def test_resolve_device_settings_picks_precision_device_and_backend(
+    monkeypatch: pytest.MonkeyPatch, world_size: int, mixed_precision: str, cuda: bool, bf16_ok: bool,
+    expected: str | None,
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))
+    if expected is None:
+        with pytest.raises(ConfigError, match="--mixed_precision"):
+            resolve_device_settings(mixed_precision, cuda_available=cuda, bf16_supported=bf16_ok)
+        return
+    settings = resolve_device_settings(mixed_precision, cuda_available=cuda, bf16_supported=bf16_ok)
+    assert settings.precision == expected
+    assert settings.use_cpu is (not cuda)
+    assert settings.ddp_backend == (None if world_size == 1 else "nccl" if cuda else "gloo")
+
+
+def test_bf16_on_a_gpu_that_only_emulates_it_is_refused_naming_the_alternatives() -> None:
+    with pytest.raises(ConfigError, match=r"^--mixed_precision bf16: this GPU has no native bf16 .* use "
+                                         r"--mixed_precision fp16 or auto$"):
+        resolve_device_settings("auto", bf16=True, cuda_available=True, bf16_supported=False)
+
+
+def test_bf16_support_is_read_from_this_ranks_gpu_without_emulation_or_pinning(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: asked.append(index) or (7, 0))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: pytest.fail("a query must not pin a GPU"))
+    resolve_device_settings("bf16", cuda_available=False)
+    assert asked == []
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert resolve_device_settings("auto", cuda_available=True).precision == "fp16"  # 7.0: bf16 only emulated
+    assert asked == [3]
+
+
+@pytest.fixture
+def gpus(monkeypatch: pytest.MonkeyPatch):
+    """Pretend `count` GPUs are visible; returns the devices pinned with torch.cuda.set_device."""
+    pinned = []
+
+    def fake(count: int) -> list:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "set_device", pinned.append)
+        return pinned
+    return fake
+
+
+def test_several_gpus_in_one_process_without_torchrun_are_refused(gpus) -> None:
+    pinned = gpus(2)
+    with pytest.raises(ConfigError, match=r"^2 GPUs are visible to one process: start one process per GPU with "
+                                          r"scripts/train_single_node.sh \(torchrun\), or set CUDA_VISIBLE_DEVICES=0$"):
+        distributed.select_device(use_cpu=False)
+    assert pinned == []
+
+
+def test_predict_alone_with_several_gpus_takes_the_first_and_says_so(gpus, caplog) -> None:
+    pinned = gpus(8)
+    with caplog.at_level(logging.INFO):
+        assert distributed.select_device(use_cpu=False, several_gpus="first") == torch.device("cuda", 0)
+    assert pinned == [0]
+    assert "8 GPUs are visible to this one process: it uses cuda:0 alone" in caplog.text
+
+
+def test_each_torchrun_rank_pins_its_local_gpu(gpus, monkeypatch: pytest.MonkeyPatch) -> None:
+    pinned = gpus(4)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert distributed.select_device(use_cpu=False) == torch.device("cuda", 3)
+    assert pinned == [3]
+
+
+def test_one_gpu_or_use_cpu_needs_no_torchrun(gpus) -> None:
+    pinned = gpus(1)
+    assert distributed.select_device(use_cpu=False) == torch.device("cuda", 0)
+    gpus(8)
+    assert distributed.select_device(use_cpu=True) == torch.device("cpu")
+    assert pinned == [0]
+
+
+def test_rank_zero_prepares_data_before_every_other_rank_even_on_other_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Global, not per node: nodes sharing an HF cache would otherwise write the same files at once."""
+    events = []
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.dist, "barrier", lambda: events.append("barrier"))
+    for rank, local_rank in (("0", "0"), ("2", "0")):  # rank 2 is the first rank of the second node
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+        with distributed.main_process_first():
+            events.append(f"rank {rank} works")
+    assert events == ["rank 0 works", "barrier", "barrier", "rank 2 works"]
+
+
+def test_fp16_on_cpu_is_refused_with_a_message_naming_mixed_precision() -> None:
+    with pytest.raises(ConfigError, match=r"--mixed_precision fp16 needs a CUDA GPU.*--mixed_precision no"):
+        resolve_device_settings("auto", fp16=True, cuda_available=False)
+    # --use_cpu on a GPU machine is CPU too.
+    with pytest.raises(ConfigError, match="--mixed_precision fp16 needs a CUDA GPU"):
+        resolve_device_settings("fp16", use_cpu=True, cuda_available=True, bf16_supported=True)
+
+
+def test_use_cpu_wins_over_an_available_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    settings = resolve_device_settings("auto", use_cpu=True, cuda_available=True, bf16_supported=True)
+    assert (settings.use_cpu, settings.ddp_backend, settings.precision) == (True, "gloo", "no")
+
+
+def test_fp16_and_bf16_together_are_refused() -> None:
+    with pytest.raises(ConfigError, match="--fp16 and --bf16 are both set"):
+        resolve_device_settings("auto", fp16=True, bf16=True, cuda_available=True, bf16_supported=True)
+
+
+@pytest.mark.parametrize(("mixed_precision", "flags"), [("bf16", "fp16"), ("no", "fp16"), ("fp16", "bf16")])
+def test_explicit_precision_flag_contradicting_mixed_precision_is_refused(mixed_precision: str, flags: str) -> None:
+    with pytest.raises(ConfigError, match=f"--{flags} contradicts --mixed_precision {mixed_precision}"):
+        resolve_device_settings(
+            mixed_precision, fp16=flags == "fp16", bf16=flags == "bf16", cuda_available=True, bf16_supported=True
+        )
+
+
+def test_explicit_precision_flag_wins_over_auto_and_agrees_with_its_own_name() -> None:
+    # auto would pick bf16 here; --fp16 given directly overrides it.
+    assert resolve_device_settings("auto", fp16=True, cuda_available=True, bf16_supported=True).precision == "fp16"
+    assert resolve_device_settings("fp16", fp16=True, cuda_available=True, bf16_supported=True).precision == "fp16"
+    assert resolve_device_settings("auto", bf16=True, cuda_available=False).precision == "bf16"
+
+
+def test_unknown_mixed_precision_is_refused() -> None:
+    with pytest.raises(ConfigError, match="--mixed_precision 'fp32': use auto, bf16, fp16 or no"):
+        resolve_device_settings("fp32", cuda_available=False)
+
+
+def test_explicit_ddp_backend_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert resolve_device_settings("auto", ddp_backend="gloo", cuda_available=True, bf16_supported=True).ddp_backend \
+        == "gloo"
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert resolve_device_settings("no", ddp_backend="nccl", cuda_available=True).ddp_backend == "nccl"
+
+
+@pytest.mark.parametrize("cpus, local_world_size, expected", [(2, "2", 0), (2, "1", 1), (16, "8", 1), (64, "8", 4),
+                                                          (96, "1", 4)])
+def test_loader_workers_default_to_this_process_share_of_the_cpus(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, local_world_size: str, expected: int
+) -> None:
+    monkeypatch.setattr(distributed.os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
+    assert distributed.default_dataloader_workers() == expected
+
+
+def test_loader_workers_follow_the_machine_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(distributed.os, "sched_getaffinity", lambda pid: set(range(6)), raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    parse_args = package_module("config").parse_args
+    training_args = package_module("training_args").TrainingArguments
+    data = ["--model_name_or_path", "m", "--train_file", "t.csv", "--output_dir", "out", "--use_cpu", "true"]
+    assert parse_args(training_args, data)[2].dataloader_num_workers == 2
+    assert parse_args(training_args, [*data, "--dataloader_num_workers", "0"])[2].dataloader_num_workers == 0
