@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 PACKAGE = "text_classifier"  # the default answers'
-TARGETS = ["help", "install", "smoke", "train", "test", "lint", "format", "clean"]
+TARGETS = ["help", "install", "smoke", "train", "test", "test-all", "lint", "format", "clean"]
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 PYTHON = "/opt/env/bin/python"  # an interpreter the Makefile is told about; -n never runs it
 CHECK_PYTHON = (
@@ -37,7 +37,8 @@ DRY_RUNS = {
         "scripts/train_single_node.sh configs/smoke.yaml",
     ],
     "train": [CHECK_PYTHON, "scripts/train_single_node.sh configs/default.yaml"],
-    "test": [CHECK_PYTHON, f"{PYTHON} -m pytest"],
+    "test": [CHECK_PYTHON, f'{PYTHON} -m pytest -m "not slow"'],
+    "test-all": [CHECK_PYTHON, f"{PYTHON} -m pytest"],
     # No shellcheck next to PYTHON here: the one on PATH.
     "lint": [f"{PYTHON} -m ruff check .", f"shellcheck -x {SCRIPTS}"],
     "format": [f"{PYTHON} -m ruff check --fix ."],
@@ -82,7 +83,7 @@ def commands(result: subprocess.CompletedProcess) -> list[str]:
 def test_make_alone_lists_every_target_with_one_line_each(project):
     result = make(project)
     lines = commands(result)
-    listed = [re.fullmatch(r"make (\w+) (\S.*)", line) for line in lines]
+    listed = [re.fullmatch(r"make ([\w-]+) (\S.*)", line) for line in lines]
     assert [match[1] for match in listed if match] == TARGETS
     assert lines[0] == "Targets:" and lines[-1].startswith("Variables: PYTHON=")
     assert len(lines) == len(TARGETS) + 2

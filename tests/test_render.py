@@ -135,6 +135,7 @@ COMMON_FILES = {
     f"src/{PACKAGE}/modeling.py",
     f"src/{PACKAGE}/predict.py",
     f"src/{PACKAGE}/preflight.py",
+    f"src/{PACKAGE}/results.py",
     f"src/{PACKAGE}/smoke.py",
     f"src/{PACKAGE}/torchrun.py",
     f"src/{PACKAGE}/tracking.py",

@@ -171,3 +171,11 @@ def read_probe(output_dir: Path, ranks: int = 2) -> list[dict]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slurm: starts a real SLURM cluster (root; installs slurm-wlm if missing)")
+    config.addinivalue_line("markers", "slow: real launches beyond the one DDP run of `make test`; `make test-all` "
+                                       "(plain pytest) runs them too")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slurm") is not None:  # a SLURM cluster starts in tens of seconds
+            item.add_marker(pytest.mark.slow)

@@ -153,6 +153,7 @@ def test_checkpoints_are_written_per_epoch(first_run: dict) -> None:
     assert (newest / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_second_run_resumes_from_the_newest_checkpoint(first_run: dict, resumed_run: dict) -> None:
     expected = str(first_run["output_dir"] / f"checkpoint-{EPOCHS * STEPS_PER_EPOCH}")
     assert [record["resumed_from"] for record in resumed_run["records"]] == [expected, expected]
@@ -160,6 +161,7 @@ def test_second_run_resumes_from_the_newest_checkpoint(first_run: dict, resumed_
     assert (first_run["output_dir"] / f"checkpoint-{(EPOCHS + 2) * STEPS_PER_EPOCH}").is_dir()
 
 
+@pytest.mark.slow
 def test_resume_from_an_explicit_checkpoint(first_run: dict, smoke_assets: Path, tmp_path: Path) -> None:
     checkpoint = first_run["kept_checkpoint"]
     flags = [*smoke_flags(smoke_assets, tmp_path), "--resume_from_checkpoint", str(checkpoint)]
@@ -195,6 +197,7 @@ GRADIENT_CHECK_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, expected", [("synced", "in sync"), ("unsynced", "refused: gradients differ")])
 def test_gradient_sync_check_refuses_ranks_that_do_not_share_gradients(
     tmp_path: Path, mode: str, expected: str
@@ -214,6 +217,7 @@ def run_single_process(flags: list[str]) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_do_eval_false_trains_without_evaluating(smoke_assets: Path, tmp_path: Path) -> None:
     result = run_single_process([*smoke_flags(smoke_assets, tmp_path), "--max_steps", "2", "--do_eval", "false"])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -221,6 +225,7 @@ def test_do_eval_false_trains_without_evaluating(smoke_assets: Path, tmp_path: P
     assert "train_loss" in metrics and not [key for key in metrics if key.startswith("eval_")]
 
 
+@pytest.mark.slow
 def test_do_train_false_only_evaluates_the_loaded_model(first_run: dict, smoke_assets: Path, tmp_path: Path) -> None:
     flags = smoke_flags(smoke_assets, tmp_path)
     flags[flags.index("--model_name_or_path") + 1] = str(first_run["output_dir"])  # the trained model
@@ -233,6 +238,7 @@ def test_do_train_false_only_evaluates_the_loaded_model(first_run: dict, smoke_a
     assert not list(tmp_path.glob("checkpoint-*")), "it trained anyway"
 
 
+@pytest.mark.slow
 def test_nothing_to_do_is_refused(smoke_assets: Path, tmp_path: Path) -> None:
     result = run_single_process([*smoke_flags(smoke_assets, tmp_path), "--do_train", "false", "--do_eval", "false"])
     assert result.returncode == 2
@@ -240,6 +246,7 @@ def test_nothing_to_do_is_refused(smoke_assets: Path, tmp_path: Path) -> None:
         "error: --do_train false and --do_eval false leave nothing to do; keep at least one")
 
 
+@pytest.mark.slow
 def test_a_mistyped_resume_path_is_named_as_missing(smoke_assets: Path, tmp_path: Path) -> None:
     missing = tmp_path / "checkpoint-7"
     result = run_single_process([*smoke_flags(smoke_assets, tmp_path / "out"),
@@ -285,6 +292,7 @@ def agree(tmp_path: Path, what: str) -> list[str]:
     return [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_one_rank_cannot_read_fails_every_rank_at_once(tmp_path: Path) -> None:
     """Not only the rank that cannot read it: the others would wait in their next collective until timeout."""
     expected = (f"error: checkpoint '{tmp_path / 'checkpoint-4'}' is on rank 0 but rank(s) 1 cannot read it "
@@ -292,12 +300,14 @@ def test_a_checkpoint_one_rank_cannot_read_fails_every_rank_at_once(tmp_path: Pa
     assert agree(tmp_path, str(tmp_path / "checkpoint-4")) == [expected, expected]
 
 
+@pytest.mark.slow
 def test_ranks_that_chose_different_precisions_refuse_together(tmp_path: Path) -> None:
     expected = ("error: the ranks chose different precisions (rank 0: bf16, rank 1: fp16), as on a cluster mixing "
                 "GPU types; pass --mixed_precision fp16 (or no) so that every rank trains alike")
     assert agree(tmp_path, "precision") == [expected, expected]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(IS_NATIVE, reason="the native loop resumes on another world size (test_native_loop.py)")
 def test_the_trainer_refuses_to_resume_a_checkpoint_of_another_world_size(first_run: dict, smoke_assets: Path,
                                                                           tmp_path: Path) -> None:
@@ -306,10 +316,11 @@ def test_the_trainer_refuses_to_resume_a_checkpoint_of_another_world_size(first_
     result = run_single_process([*smoke_flags(smoke_assets, tmp_path), "--resume_from_checkpoint", str(checkpoint)])
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
-        f"error: checkpoint '{checkpoint}' was written with 2 processes x --per_device_train_batch_size 16 x "
-        "--gradient_accumulation_steps 1, this run has 1 processes x --per_device_train_batch_size 16 x "
-        "--gradient_accumulation_steps 1: the Trainer resumes only the same split (the native loop can resume on "
-        "another world size). Run with the checkpoint's settings, or use a new --output_dir")
+        f"error: checkpoint '{checkpoint}' was written by a run with a global batch of 32 (2 processes x "
+        "--per_device_train_batch_size 16 x --gradient_accumulation_steps 1), but this run has a global batch of 16 "
+        "(1 process x --per_device_train_batch_size 16 x --gradient_accumulation_steps 1). The Trainer resumes only "
+        "the same split (the native loop can resume on another world size): run with the checkpoint's settings, or "
+        "use a new --output_dir")
 
 
 def test_the_newest_complete_checkpoint_is_chosen_and_a_save_cut_short_is_not(tmp_path: Path) -> None:

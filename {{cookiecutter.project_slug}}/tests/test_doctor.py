@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import PACKAGE, REPO_ROOT, finish, free_port, run_env, smoke_flags, start, torchrun
 
+pytestmark = pytest.mark.slow  # real launches: `make test-all`
+
 DOCTOR = f"{PACKAGE}.doctor"
 LINE = re.compile(r"^(PASS|WARN|FAIL|SKIP)  (.+?)(?: \(node \d+, [^)]*\))?: (.*)$", re.MULTILINE)
 # Checked once per node, then once for all ranks together (printed by rank 0).

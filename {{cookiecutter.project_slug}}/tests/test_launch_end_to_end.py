@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import EVAL_SIZE, REPO_ROOT, finish, free_port, read_metrics, run_env, smoke_flags, start
 
+pytestmark = pytest.mark.slow  # real launches: `make test-all`
+
 SCRIPTS = REPO_ROOT / "scripts"
 
 

@@ -183,6 +183,7 @@ def preflight(flags: list[str]) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_preflight_refuses_a_tokenizer_with_nothing_to_pad_with_in_one_line(
     decoders: dict[str, Path], smoke_assets: Path, tmp_path: Path
 ) -> None:
@@ -309,6 +310,7 @@ def encoder_run(smoke_assets: Path, tmp_path_factory: pytest.TempPathFactory) ->
 RUNS = ["lora_run", "pairs_run", "encoder_run"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", RUNS)
 def test_ranks_end_with_identical_weights(name: str, request: pytest.FixtureRequest) -> None:
     probe = request.getfixturevalue(name)["output_dir"] / "probe"
@@ -317,6 +319,7 @@ def test_ranks_end_with_identical_weights(name: str, request: pytest.FixtureRequ
     assert [key for key in rank0 if not torch.equal(rank0[key], rank1[key])] == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", RUNS)
 def test_it_learns(name: str, request: pytest.FixtureRequest) -> None:
     chosen = request.getfixturevalue(name)
@@ -326,6 +329,7 @@ def test_it_learns(name: str, request: pytest.FixtureRequest) -> None:
     assert chosen["metrics"]["eval_num_examples"] == EVAL_SIZE
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", RUNS)
 def test_ddp_all_reduces_exactly_the_trainable_parameters(name: str, request: pytest.FixtureRequest) -> None:
     chosen = request.getfixturevalue(name)
@@ -338,6 +342,7 @@ def test_ddp_all_reduces_exactly_the_trainable_parameters(name: str, request: py
         assert trainable < total / 2
 
 
+@pytest.mark.slow
 def test_lora_leaves_the_base_weights_as_they_were(lora_run: dict, decoders: dict[str, Path]) -> None:
     trained = load_file(lora_run["output_dir"] / "probe" / "rank0.safetensors")
     initial = load_file(decoders["gpt2"] / "model.safetensors")
@@ -347,6 +352,7 @@ def test_lora_leaves_the_base_weights_as_they_were(lora_run: dict, decoders: dic
     assert trained[f"base_model.model.{layer}.lora_B.default.weight"].abs().max() > 0
 
 
+@pytest.mark.slow
 def test_a_lora_checkpoint_holds_the_adapters_and_head_not_the_base(lora_run: dict) -> None:
     checkpoint = lora_run["output_dir"] / f"checkpoint-{TOTAL_STEPS}"
     names = {path.name for path in checkpoint.iterdir()}
@@ -355,6 +361,7 @@ def test_a_lora_checkpoint_holds_the_adapters_and_head_not_the_base(lora_run: di
     assert {key for key in saved if ".lora_" not in key} == {"base_model.model.score.weight"}
 
 
+@pytest.mark.slow
 def test_a_stopped_lora_run_resumes_where_it_stopped_and_ends_with_the_uninterrupted_weights(
     lora_run: dict, stopped_and_resumed: dict
 ) -> None:
@@ -390,6 +397,7 @@ def assert_same_predictions(expected: list[dict], actual: list[dict], atol: floa
     assert max(abs(a["score"] - b["score"]) for a, b in zip(actual, expected, strict=True)) <= atol
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", RUNS)
 def test_output_dir_predicts_as_do_predict_did(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     output_dir = request.getfixturevalue(name)["output_dir"]
@@ -398,6 +406,7 @@ def test_output_dir_predicts_as_do_predict_did(name: str, request: pytest.Fixtur
     assert_same_predictions(done, predict_again(output_dir, done, tmp_path), atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", RUNS)
 def test_transformers_pipeline_loads_output_dir_and_predicts_the_same(name: str, request: pytest.FixtureRequest
                                                                       ) -> None:
@@ -411,6 +420,7 @@ def test_transformers_pipeline_loads_output_dir_and_predicts_the_same(name: str,
                             atol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_merge_command_writes_a_plain_model_that_predicts_the_same(lora_run: dict, tmp_path: Path) -> None:
     merged = tmp_path / "merged"
     package_module("merge_lora").main(["--model_name_or_path", str(lora_run["output_dir"]),
@@ -422,6 +432,7 @@ def test_the_merge_command_writes_a_plain_model_that_predicts_the_same(lora_run:
     assert_same_predictions(done, predict_again(merged, done, tmp_path), atol=1e-4)
 
 
+@pytest.mark.slow
 def test_predict_refuses_a_lora_checkpoint_without_its_base(lora_run: dict) -> None:
     checkpoint = str(lora_run["output_dir"] / f"checkpoint-{TOTAL_STEPS}")
     with pytest.raises(config.ConfigError, match="holds a LoRA adapter without its base"):

@@ -89,12 +89,14 @@ def resumed(uninterrupted: Path, smoke_assets: Path, tmp_path_factory: pytest.Te
 # ---- resume ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_resumed_run_continues_mid_epoch_from_the_newest_checkpoint(resumed: Path) -> None:
     expected = str(resumed / f"checkpoint-{INTERRUPTED_AT}")
     assert [record["resumed_from"] for record in read_probe(resumed)] == [expected, expected]
     assert [record["steps_run"] for record in read_probe(resumed)] == [TOTAL_STEPS - INTERRUPTED_AT] * 2
 
 
+@pytest.mark.slow
 def test_resumed_run_fetches_the_rest_of_the_interrupted_epoch_in_order(uninterrupted: Path, resumed: Path) -> None:
     """On each rank, exactly the batches the uninterrupted run fetched after the checkpoint, in its order.
 
@@ -108,6 +110,7 @@ def test_resumed_run_fetches_the_rest_of_the_interrupted_epoch_in_order(uninterr
         assert resumed_order == last_epoch_order[-remaining:], f"rank {rest['rank']}"
 
 
+@pytest.mark.slow
 def test_resumed_run_ends_with_the_uninterrupted_weights(uninterrupted: Path, resumed: Path) -> None:
     expected = load_file(uninterrupted / "probe" / "rank0.safetensors")
     for rank in (0, 1):
@@ -117,6 +120,7 @@ def test_resumed_run_ends_with_the_uninterrupted_weights(uninterrupted: Path, re
 # ---- checkpoints ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_checkpoints_rotate_to_the_newest_three(uninterrupted: Path) -> None:
     half = STEPS_PER_EPOCH // 2
     assert sorted(path.name for path in uninterrupted.glob("checkpoint-*")) == sorted(
@@ -124,11 +128,13 @@ def test_checkpoints_rotate_to_the_newest_three(uninterrupted: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_atomic_save_leaves_no_temporary_folder(uninterrupted: Path, resumed: Path) -> None:
     for output_dir in (uninterrupted, resumed):
         assert [path.name for path in output_dir.iterdir() if "tmp" in path.name] == []
 
 
+@pytest.mark.slow
 def test_checkpoint_holds_model_tokenizer_and_every_ranks_training_state(uninterrupted: Path) -> None:
     checkpoint = uninterrupted / f"checkpoint-{INTERRUPTED_AT}"
     assert {path.name for path in checkpoint.iterdir()} == {
@@ -148,6 +154,7 @@ def test_checkpoint_holds_model_tokenizer_and_every_ranks_training_state(uninter
     assert not torch.equal(rank0["torch"], rank1["torch"]), "dropout streams should differ between ranks"
 
 
+@pytest.mark.slow
 def test_final_model_sits_in_output_dir_like_the_trainer_variant(uninterrupted: Path) -> None:
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "metrics.json"):
         assert (uninterrupted / name).is_file(), name
@@ -156,6 +163,7 @@ def test_final_model_sits_in_output_dir_like_the_trainer_variant(uninterrupted: 
 # ---- evaluation -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_distributed_eval_equals_a_single_process_eval(uninterrupted: Path, smoke_assets: Path) -> None:
     """Two ranks, 101 examples: the metrics must be exactly those of one process over all 101."""
     metrics = json.loads((uninterrupted / "metrics.json").read_text())
@@ -215,6 +223,7 @@ def one_big_batch(no_dropout_assets: Path, tmp_path_factory: pytest.TempPathFact
     return output_dir
 
 
+@pytest.mark.slow
 def test_accumulation_over_two_ranks_matches_one_rank_with_the_whole_batch(accumulated: Path,
                                                                              one_big_batch: Path) -> None:
     (big,) = read_probe(one_big_batch, ranks=1)
@@ -235,6 +244,7 @@ def test_accumulation_over_two_ranks_matches_one_rank_with_the_whole_batch(accum
 # ---- refusals (single process: they fail before training) -----------------------------------
 
 
+@pytest.mark.slow
 def test_refuses_a_checkpoint_of_a_different_label_set(uninterrupted: Path, smoke_assets: Path,
                                                        tmp_path: Path) -> None:
     for name in ("train.jsonl", "validation.jsonl"):
@@ -252,6 +262,7 @@ def test_refuses_a_checkpoint_of_a_different_label_set(uninterrupted: Path, smok
     assert "labels ['negative', 'neutral', 'positive']" in result.stderr
 
 
+@pytest.mark.slow
 def test_refuses_to_resume_under_another_global_batch(uninterrupted: Path, smoke_assets: Path, tmp_path: Path) -> None:
     """A checkpoint's place in its epoch counts its own steps: step 4 of 8 (2 ranks x 16) is half of a
     2 x 8 epoch's, so the resumed run would train on other examples than the ones it skipped."""
@@ -268,6 +279,7 @@ def test_refuses_to_resume_under_another_global_batch(uninterrupted: Path, smoke
     assert [path.name for path in output_dir.iterdir()] == [checkpoint.name], "it trained anyway"
 
 
+@pytest.mark.slow
 def test_refuses_another_world_size_that_cannot_make_the_global_batch(uninterrupted: Path, smoke_assets: Path,
                                                                      tmp_path: Path) -> None:
     output_dir = tmp_path / "out"
@@ -286,6 +298,7 @@ RESHAPED_AT = 20  # of 2 x 256 / 16 = 32 steps: a quarter into the second epoch
 RESHAPED_RTOL = 1e-5
 
 
+@pytest.mark.slow
 def test_a_run_stopped_on_two_processes_resumes_on_one_to_the_same_weights(no_dropout_assets: Path,
                                                                          tmp_path: Path) -> None:
     uninterrupted, resumed = tmp_path / "two_processes", tmp_path / "resumed_on_one"
@@ -338,6 +351,7 @@ def test_a_step_the_grad_scaler_skips_leaves_the_schedule_where_it_was(build_job
     assert rates == pytest.approx([job.args.learning_rate * k / 4 for k in (0, 1, 2)])
 
 
+@pytest.mark.slow
 def test_refuses_a_folder_that_is_not_a_checkpoint_of_this_loop(smoke_assets: Path, tmp_path: Path) -> None:
     result = run_single_process([*smoke_flags(smoke_assets, tmp_path / "out"),
                                  "--resume_from_checkpoint", str(smoke_assets / "tiny-bert")])
@@ -345,6 +359,7 @@ def test_refuses_a_folder_that_is_not_a_checkpoint_of_this_loop(smoke_assets: Pa
     assert f"--resume_from_checkpoint '{smoke_assets / 'tiny-bert'}' holds no {TRAINING_STATE}" in result.stderr
 
 
+@pytest.mark.slow
 def test_refuses_a_batch_larger_than_the_train_set(smoke_assets: Path, tmp_path: Path) -> None:
     result = run_single_process([*smoke_flags(smoke_assets, tmp_path / "out"), "--max_train_samples", "10"])
     assert result.returncode == 2

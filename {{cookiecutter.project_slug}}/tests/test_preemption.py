@@ -17,6 +17,8 @@ import pytest
 from conftest import IS_NATIVE, REPO_ROOT, TRAIN_SIZE, run_env, smoke_flags
 from safetensors.torch import load_file
 
+pytestmark = pytest.mark.slow  # real launches: `make test-all`
+
 SCRIPT = str(REPO_ROOT / "scripts" / "train_single_node.sh")
 STEPS_PER_EPOCH = TRAIN_SIZE // (2 * 16)  # 2 ranks x per-device batch 16 (configs/smoke.yaml)
 FLAGS = ["--num_train_epochs", "3", "--save_strategy", "epoch"]

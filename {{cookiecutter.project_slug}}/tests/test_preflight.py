@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import PACKAGE, REPO_ROOT, finish, run_env, smoke_flags, start
 
+pytestmark = pytest.mark.slow  # real launches: `make test-all`
+
 SCRIPT = REPO_ROOT / "scripts" / "train_single_node.sh"
 
 

@@ -19,6 +19,8 @@ import pytest
 from conftest import IS_NATIVE, REPO_ROOT, SMOKE, TRAIN_SIZE, finish, free_port, run_env, smoke_flags, start
 from safetensors.torch import load_file
 
+pytestmark = pytest.mark.slow  # real launches: `make test-all`
+
 SCRIPTS = REPO_ROOT / "scripts"
 STEPS_PER_EPOCH = TRAIN_SIZE // (2 * SMOKE["per_device_train_batch_size"])  # 2 ranks in every run here
 FLAGS = ["--num_train_epochs", "2", "--save_strategy", "epoch"]  # checkpoints after epochs 1 and 2

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import PACKAGE, REPO_ROOT, read_metrics, run_env, smoke_flags
 
+pytestmark = pytest.mark.slow  # real launches: `make test-all`
+
 STEPS_PER_EPOCH = 16  # 256 train examples / batch 16, one process
 
 

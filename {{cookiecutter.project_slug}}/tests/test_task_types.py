@@ -12,6 +12,8 @@ import pytest
 import yaml
 from conftest import EVAL_SIZE, PACKAGE, REPO_ROOT, package_module, read_jsonl, run_env, torchrun
 
+pytestmark = pytest.mark.slow  # real launches: `make test-all`
+
 CONFIGS = REPO_ROOT / "configs"
 
 

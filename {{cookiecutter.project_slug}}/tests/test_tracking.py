@@ -46,6 +46,7 @@ def train(tracker: str, assets: Path, output_dir: Path, legs: tuple[int, ...] = 
     return losses
 
 
+@pytest.mark.slow
 def test_tensorboard_event_files_hold_every_logged_loss(smoke_assets: Path, tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -84,6 +85,7 @@ def wandb_history(path: Path) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_wandb_offline_runs_of_both_legs_share_one_run_id_and_hold_every_loss(
         smoke_assets: Path, tmp_path: Path) -> None:
     pytest.importorskip("wandb")
@@ -100,6 +102,7 @@ def test_wandb_offline_runs_of_both_legs_share_one_run_id_and_hold_every_loss(
     assert logged == pytest.approx(losses, rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # mlflow's store on SQLAlchemy 2.1: not ours
 def test_mlflow_sqlite_store_holds_one_run_with_every_loss_and_the_first_legs_flags(
         smoke_assets: Path, tmp_path: Path) -> None:

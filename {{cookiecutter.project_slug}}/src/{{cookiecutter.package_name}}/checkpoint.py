@@ -1,4 +1,4 @@
-"""The native loop's checkpoints: save (atomically), find, load and rotate.
+"""The native loop's checkpoints: save (atomically), load and rotate (distributed.py finds the newest).
 
 output_dir/checkpoint-N holds the model and tokenizer (save_pretrained; with LoRA, the adapters and the
 head but not the frozen base) and training_state.pt: the optimizer, schedule, scaler, position in the
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from . import distributed
-from .config import ConfigError
+from .config import BATCH_PLAN, ConfigError, check_same_batch_plan
 from .distributed import complete_checkpoints, is_distributed
 from .modeling import check_same_lora, load_trained_weights, lora_rank, read_weights, trained_weights
 from .training_args import CHECKPOINT_LAST_FILE as TRAINING_STATE
@@ -28,7 +28,6 @@ from .training_args import CHECKPOINT_LAST_FILE as TRAINING_STATE
 if TYPE_CHECKING:
     from .train import Job
 
-BATCH_PLAN = "batch_plan.json"  # also in the training state; here readable without loading the optimizer
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's save_pretrained: a LoRA model's adapters and head
 
 
@@ -72,7 +71,7 @@ def save_checkpoint(job: Job) -> None:
             "log_history": job.history,
             "run_totals": job.totals,  # time and examples trained so far, over every leg of the run
         }
-        (temporary / BATCH_PLAN).write_text(json.dumps(state["batch_plan"]) + "\n")
+        (temporary / BATCH_PLAN).write_text(json.dumps(state["batch_plan"]) + "\n")  # readable without the optimizer
         torch.save(state, temporary / TRAINING_STATE)
         final.parent.mkdir(parents=True, exist_ok=True)
         temporary.replace(final)
@@ -87,19 +86,18 @@ def rotate_checkpoints(output_dir: Path, limit: int | None) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def saved_batch_plan(checkpoint: Path | None) -> dict[str, int] | None:
-    """How the checkpoint's run batched its data (see BatchPlan.as_dict), or None without a checkpoint."""
-    if checkpoint is None:
-        return None
-    return json.loads((checkpoint / BATCH_PLAN).read_text())
-
-
 def load_checkpoint(job: Job, checkpoint: Path) -> None:
     """Restore weights, optimizer, schedule, scaler, position in the data and this rank's RNG."""
     state = torch.load(checkpoint / TRAINING_STATE, map_location="cpu", weights_only=True)
     weights = load_model_weights(checkpoint)
     check_same_model(checkpoint, state, weights, job)
-    check_same_batch_plan(checkpoint, state["batch_plan"], job.plan.as_dict())
+    # Under a plan with fewer steps per epoch, the checkpoint's step in its epoch would point past the end,
+    # and the run would take its remaining steps on no data at all. Only the split of the global batch may differ.
+    check_same_batch_plan(checkpoint, state["batch_plan"], job.plan.as_dict(),
+                          same=("global_batch_size", "train_size", "steps_per_epoch"), advice=(
+                              "Its place in the epoch only means something under its own batch plan: to continue it, "
+                              "run again with its settings; to train with these, use a new --output_dir (without "
+                              "--resume_from_checkpoint)."))
     load_trained_weights(job.module, weights)
     job.optimizer.load_state_dict(state["optimizer"])  # moves the moments onto the parameters' device
     job.scheduler.load_state_dict(state["scheduler"])
@@ -128,30 +126,6 @@ def check_same_model(checkpoint: Path, state: dict, weights: dict, job: Job) -> 
             f"this run trains a {model_type} model for labels {names}"
             + (f" (different tensors: {', '.join(mismatched[:3])})" if mismatched else "")
             + ". Use a new --output_dir, or --resume_from_checkpoint with a checkpoint of this model and data."
-        )
-
-
-def describe_batch_plan(plan: dict[str, int]) -> str:
-    processes = "1 process" if plan["world_size"] == 1 else f"{plan['world_size']} processes"
-    return (f"a global batch of {plan['global_batch_size']} ({processes} x --per_device_train_batch_size "
-            f"{plan['per_device_train_batch_size']} x --gradient_accumulation_steps "
-            f"{plan['gradient_accumulation_steps']}), {plan['train_size']} train examples and "
-            f"{plan['steps_per_epoch']} steps per epoch")
-
-
-def check_same_batch_plan(checkpoint: Path, saved: dict[str, int], current: dict[str, int]) -> None:
-    """Refuse to resume under another batch plan: the checkpoint's step in its epoch would point elsewhere.
-
-    Under a plan with fewer steps per epoch it points past the end, and the run would go on to take
-    its remaining steps on no data at all. Only the split of the global batch may differ.
-    """
-    same = ("global_batch_size", "train_size", "steps_per_epoch")
-    if [saved[key] for key in same] != [current[key] for key in same]:
-        raise ConfigError(
-            f"checkpoint {str(checkpoint)!r} was written by a run with {describe_batch_plan(saved)}, but this run "
-            f"has {describe_batch_plan(current)}. Its place in the epoch only means something under its own batch "
-            "plan: to continue it, run again with its settings; to train with these, use a new --output_dir "
-            "(without --resume_from_checkpoint)."
         )
 
 

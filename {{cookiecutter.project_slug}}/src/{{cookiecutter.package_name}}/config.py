@@ -129,6 +129,34 @@ def check_training_settings(args: Any) -> None:
         raise ConfigError(f"--warmup_steps {args.warmup_steps}: must be >= 0 (below 1: a fraction of all steps)")
 
 
+BATCH_PLAN = "batch_plan.json"  # in each checkpoint: how the run that wrote it batched its data
+
+
+def read_batch_plan(checkpoint: Path | None) -> dict[str, int] | None:
+    """The batch plan a checkpoint was written under; None without a checkpoint or a plan."""
+    path = None if checkpoint is None else Path(checkpoint, BATCH_PLAN)
+    return json.loads(path.read_text()) if path is not None and path.is_file() else None
+
+
+def describe_batch_plan(plan: dict[str, int]) -> str:
+    processes = "1 process" if plan["world_size"] == 1 else f"{plan['world_size']} processes"
+    per_device, accumulation = plan["per_device_train_batch_size"], plan["gradient_accumulation_steps"]
+    text = (f"a global batch of {plan['world_size'] * per_device * accumulation} ({processes} x "
+            f"--per_device_train_batch_size {per_device} x --gradient_accumulation_steps {accumulation})")
+    if "steps_per_epoch" in plan:
+        text += f", {plan['train_size']} train examples and {plan['steps_per_epoch']} steps per epoch"
+    return text
+
+
+def check_same_batch_plan(checkpoint: Path, saved: dict[str, int], current: dict[str, int], same: tuple[str, ...],
+                          advice: str) -> None:
+    """Refuse to resume a checkpoint whose plan differs from this run's in any of the keys `same`: its place
+    in the epoch counts its own steps. `advice` says what the loop can resume instead."""
+    if [saved.get(key) for key in same] != [current.get(key) for key in same]:
+        raise ConfigError(f"checkpoint {str(checkpoint)!r} was written by a run with {describe_batch_plan(saved)}, "
+                          f"but this run has {describe_batch_plan(current)}. {advice}")
+
+
 def check_batch_fits(train_size: int, world_size: int, per_device_batch_size: int, accumulation_steps: int) -> None:
     """One optimizer step must find its examples in the train set: the preflight and both loops check this."""
     global_batch = world_size * per_device_batch_size * accumulation_steps

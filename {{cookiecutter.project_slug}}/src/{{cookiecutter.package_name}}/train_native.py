@@ -19,7 +19,6 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,8 +29,8 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, get_scheduler, set_seed
 
 from .batching import BatchPlan, ResumableSampler, build_loader, build_train_batches
-from .checkpoint import TRAINING_STATE, checkpoint_problem, load_checkpoint, save_checkpoint, saved_batch_plan
-from .config import ConfigError, DataArguments, ModelArguments, parse_args
+from .checkpoint import TRAINING_STATE, checkpoint_problem, load_checkpoint, save_checkpoint
+from .config import ConfigError, DataArguments, ModelArguments, parse_args, read_batch_plan
 from .data import ClassificationCollator, ClassificationData, build_collator, load_data
 from .distributed import (
     STOPPED_EXIT_CODE,
@@ -52,14 +51,12 @@ from .metrics import (
     add_run_totals,
     finished_message,
     is_finished,
-    plot_training_curves,
     scalars,
     task_metrics,
     whole_run_metrics,
-    write_metrics,
 )
 from .modeling import enable_gradient_checkpointing, load_model, load_tokenizer, parameter_counts, save_lora_base
-from .predict import predict_file
+from .results import write_results
 from .tracking import Tracker, start_tracker
 from .training_args import TrainingArguments
 
@@ -150,7 +147,7 @@ def build_job(env: DistributedEnv, model_args: ModelArguments, data_args: DataAr
     checkpoint = agree_on_resume_checkpoint(args.resume_from_checkpoint, args.output_dir, TRAINING_STATE,
                                             checkpoint_problem) if args.do_train else None
     sampler, train_loader, plan = build_train_batches(data.train, args, collator, env.rank, env.world_size,
-                                                      env.device.type == "cuda", saved_batch_plan(checkpoint))
+                                                      env.device.type == "cuda", read_batch_plan(checkpoint))
 
     module = load_model(model_args, data.task, tokenizer)
     if args.gradient_checkpointing:
@@ -231,16 +228,8 @@ def train_and_evaluate(job: Job) -> dict[str, float]:
             metrics.update(evaluate(job))
             if job.tracker is not None:  # the final evaluation too, as the Trainer's trackers get it
                 job.tracker.log(scalars(metrics), job.step)
-        if args.do_predict:  # every rank predicts a share; rank 0 writes them
-            predict_file(job.module, job.tokenizer, job.data.task, job.test_file,
-                         str(Path(args.output_dir, "predictions" + Path(job.test_file).suffix)),
-                         args.per_device_eval_batch_size, job.env.device, job.env.precision)
-        if job.env.is_main_process:
-            path = write_metrics(args.output_dir, metrics, trained=args.do_train)
-            if args.do_train:  # an evaluation alone keeps the curves of the run it evaluates
-                Path(args.output_dir, "log_history.json").write_text(json.dumps(job.history, indent=1) + "\n")
-                plot_training_curves(job.history, Path(args.output_dir, "training_curves.png"))
-            logger.info("metrics written to %s: %s", path, scalars(metrics))
+        write_results(args, metrics, job.history, job.env.is_main_process, job.module, job.tokenizer, job.data.task,
+                      job.test_file, job.env.device, job.env.precision)
         return metrics
     finally:
         if job.tracker is not None:

@@ -23,7 +23,16 @@ from transformers import EvalPrediction, Trainer, TrainerCallback, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
-from .config import ConfigError, DataArguments, ModelArguments, check_batch_fits, parse_args
+from .config import (
+    BATCH_PLAN,
+    ConfigError,
+    DataArguments,
+    ModelArguments,
+    check_batch_fits,
+    check_same_batch_plan,
+    parse_args,
+    read_batch_plan,
+)
 from .data import Task, build_collator, load_data
 from .distributed import (
     STOPPED_EXIT_CODE,
@@ -41,18 +50,15 @@ from .metrics import (
     add_run_totals,
     finished_message,
     is_finished,
-    plot_training_curves,
     scalars,
     task_metrics,
     whole_run_metrics,
-    write_metrics,
 )
 from .modeling import classifier_of, load_model, load_tokenizer, parameter_counts, save_lora_base
-from .predict import predict_file
+from .results import write_results
 from .tracking import close_trackers, configure_tracker
 from .training_args import CHECKPOINT_LAST_FILE, TrainingArguments
 
-BATCH_PLAN = "batch_plan.json"
 RUN_TOTALS = "run_totals.json"  # time and examples trained up to this checkpoint, over every leg of the run
 logger = logging.getLogger(f"{__package__}.train")  # not __name__: that is "__main__" under python -m
 
@@ -144,21 +150,14 @@ def batch_plan(args: TrainingArguments) -> dict[str, int]:
             "gradient_accumulation_steps": args.gradient_accumulation_steps}
 
 
-def describe(plan: dict[str, int]) -> str:
-    return (f"{plan['world_size']} processes x --per_device_train_batch_size {plan['per_device_train_batch_size']} "
-            f"x --gradient_accumulation_steps {plan['gradient_accumulation_steps']}")
-
-
-def check_same_batch_plan(checkpoint: Path, args: TrainingArguments) -> None:
+def check_same_split(checkpoint: Path, args: TrainingArguments) -> None:
     """The Trainer finds its place in a resumed epoch by counting its own batches: under another split
     it would skip the wrong examples, and its schedule would count other steps. Refuse that."""
-    path = checkpoint / BATCH_PLAN
-    saved = json.loads(path.read_text()) if path.is_file() else batch_plan(args)
-    if saved != batch_plan(args):
-        raise ConfigError(f"checkpoint {str(checkpoint)!r} was written with {describe(saved)}, this run has "
-                          f"{describe(batch_plan(args))}: the Trainer resumes only the same split (the native loop "
-                          "can resume on another world size). Run with the checkpoint's settings, or use a new "
-                          "--output_dir")
+    current = batch_plan(args)
+    check_same_batch_plan(checkpoint, read_batch_plan(checkpoint) or current, current,
+                          same=("world_size", "per_device_train_batch_size", "gradient_accumulation_steps"),
+                          advice="The Trainer resumes only the same split (the native loop can resume on another "
+                                 "world size): run with the checkpoint's settings, or use a new --output_dir")
 
 
 class GradientSyncCheck(TrainerCallback):
@@ -314,7 +313,7 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
     if args.do_train:
         checkpoint = find_resume_checkpoint(args)
         if checkpoint is not None:
-            check_same_batch_plan(checkpoint, args)
+            check_same_split(checkpoint, args)
             logger.info("resuming from checkpoint %s", checkpoint)
             totals = checkpoint / RUN_TOTALS
             record.earlier = json.loads(totals.read_text()) if totals.is_file() else None
@@ -341,16 +340,9 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
         # distributed sampler repeats to even out the ranks: every example counts exactly once.
         metrics.update(trainer.evaluate())
         metrics.update(trainer.compute_metrics.tables)
-    if args.do_predict:  # every rank predicts a share; rank 0 writes them
-        precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
-        predict_file(trainer.model, trainer.processing_class, trainer.compute_metrics.task, test_file,
-                     str(Path(args.output_dir, "predictions" + Path(test_file).suffix)),
-                     args.per_device_eval_batch_size, args.device, precision)
-    if trainer.is_world_process_zero():
-        path = write_metrics(args.output_dir, metrics, trained=args.do_train)
-        if args.do_train:  # an evaluation alone keeps the curves of the run it evaluates
-            plot_training_curves(trainer.state.log_history, Path(args.output_dir, "training_curves.png"))
-        logger.info("metrics written to %s: %s", path, scalars(metrics))
+    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+    write_results(args, metrics, trainer.state.log_history, trainer.is_world_process_zero(), trainer.model,
+                  trainer.processing_class, trainer.compute_metrics.task, test_file, args.device, precision)
     return metrics
 
 
