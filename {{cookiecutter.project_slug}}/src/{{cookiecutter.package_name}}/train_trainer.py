@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
 def run(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> Trainer:
     prepare_run(args)
     trainer = build_trainer(model_args, data_args, args)
-    train_and_evaluate(trainer, args, data_args.test_file)
+    train_and_evaluate(trainer, args, data_args.test_file, data_args.preprocessing_num_workers)
     return trainer
 
 
@@ -298,7 +298,8 @@ def callback(trainer: Trainer, kind: type):
     return next(c for c in trainer.callback_handler.callbacks if isinstance(c, kind))
 
 
-def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str | None = None) -> dict[str, float]:
+def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str | None = None,
+                       preprocessing_num_workers: int | None = None) -> dict[str, float]:
     metrics, record = {}, callback(trainer, RecordRun)
     if args.do_train:
         checkpoint = find_resume_checkpoint(args)
@@ -334,7 +335,7 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
         precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
         predict_file(trainer.model, trainer.processing_class, trainer.compute_metrics.task, test_file,
                      str(Path(args.output_dir, "predictions" + Path(test_file).suffix)),
-                     args.per_device_eval_batch_size, args.device, precision)
+                     args.per_device_eval_batch_size, args.device, precision, num_proc=preprocessing_num_workers)
     if trainer.is_world_process_zero():
         path = write_metrics(args.output_dir, metrics, trained=args.do_train)
         if args.do_train:  # an evaluation alone keeps the curves of the run it evaluates
