@@ -53,7 +53,9 @@ class PredictArguments:
     mixed_precision: str = field(default="auto", metadata={"help": "As for training.",
                                                            "choices": ["auto", "bf16", "fp16", "no"]})
     ddp_timeout: int = field(default=1800, metadata={"help": "Seconds before a stuck collective fails."})
-    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "As for training."})
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "Processes for tokenising, as for training."}
+    )
 
     def __post_init__(self) -> None:
         for name in ("input_file", "output_file"):
