@@ -155,6 +155,7 @@ COMMON_FILES = {
     "tests/test_models.py",
     "tests/test_preemption.py",
     "tests/test_preflight.py",
+    "tests/test_preprocessing_workers.py",
     "tests/test_restarts.py",
     "tests/test_results.py",
     "tests/test_scripts.py",

@@ -85,7 +85,9 @@ class DataArguments:
     max_seq_length: int = field(default=512, metadata={"help": "Longer inputs are truncated."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N train examples."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep the first N eval examples."})
-    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenising."})
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "Processes for tokenising; unset, 0 or 1: this one."}
+    )
 
     def __post_init__(self) -> None:
         if self.dataset_name is None and self.train_file is None:
@@ -110,6 +112,13 @@ class DataArguments:
             raise ConfigError(f"--multi_label_threshold {self.multi_label_threshold}: must be between 0 and 1")
         if not 0 < self.validation_split_percentage < 100:
             raise ConfigError("--validation_split_percentage must be between 1 and 99")
+        check_preprocessing_num_workers(self.preprocessing_num_workers)
+
+
+def check_preprocessing_num_workers(workers: int | None) -> None:
+    """Training's DataArguments and predict.py's PredictArguments both take the flag."""
+    if workers is not None and workers < 0:
+        raise ConfigError(f"--preprocessing_num_workers {workers}: must be >= 0 (0 or 1 tokenises in this process)")
 
 
 def check_training_settings(args: Any) -> None:

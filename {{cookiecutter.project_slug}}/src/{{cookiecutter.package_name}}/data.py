@@ -68,7 +68,8 @@ def load_data(
     with main_process_first():
         raw = load_raw_datasets(data_args, cache_dir, seed=seed)
         task = decide_task(raw, data_args, tokenizer.model_max_length)
-        tokenized = tokenize_datasets(DatasetDict(train=raw["train"], validation=raw["validation"]), tokenizer, task)
+        tokenized = tokenize_datasets(DatasetDict(train=raw["train"], validation=raw["validation"]), tokenizer, task,
+                                      num_proc=data_args.preprocessing_num_workers)
     logger.info("data from %s: %s; %s, labels %s", data_args.train_file or data_args.dataset_name,
                 ", ".join(f"{len(split)} {name} examples" for name, split in tokenized.items()),
                 task.problem_type, task.label_names or "none (one value per example)")
@@ -196,7 +197,11 @@ def label_names(raw: DatasetDict, label_column: str, problem_type: str = "single
 
 def tokenize_datasets(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, task: Task,
                       num_proc: int | None = None) -> DatasetDict:
-    """Tokenise (pairs as pairs), encode labels for the task, record each example's length."""
+    """Tokenise (pairs as pairs), encode labels for the task, record each example's length.
+
+    num_proc > 1 tokenises in that many processes, each a contiguous shard: the same rows in the same
+    order and the same fingerprint as in one (datasets leaves num_proc out of it)."""
+    num_proc = num_proc if num_proc is not None and num_proc > 1 else None  # datasets would fork one for 1
     feature = next(iter(raw.values())).features.get(task.label_column)
     class_ids = isinstance(feature.feature if is_list(feature) else feature, ClassLabel)  # labels are ids already
     return DatasetDict({

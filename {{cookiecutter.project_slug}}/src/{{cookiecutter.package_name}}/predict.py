@@ -24,12 +24,13 @@ from datasets import Dataset, DatasetDict
 from torch.utils.data import DataLoader
 from transformers import AutoModelForSequenceClassification, HfArgumentParser, PreTrainedModel
 
-from .config import DATA_SUFFIXES, ConfigError, ModelArguments, check_local_path
+from .config import DATA_SUFFIXES, ConfigError, ModelArguments, check_local_path, check_preprocessing_num_workers
 from .data import Task, build_collator, log_truncation, read_files, tokenize_datasets
 from .distributed import (
     cleanup_distributed,
     gather_shards,
     length_sorted_shard,
+    main_process_first,
     print_error,
     resolve_device_settings,
     setup_logging,
@@ -54,6 +55,9 @@ class PredictArguments:
     mixed_precision: str = field(default="auto", metadata={"help": "As for training.",
                                                            "choices": ["auto", "bf16", "fp16", "no"]})
     ddp_timeout: int = field(default=1800, metadata={"help": "Seconds before a stuck collective fails."})
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "Processes for tokenising, as for training."}
+    )
 
     def __post_init__(self) -> None:
         for name in ("input_file", "output_file"):
@@ -61,6 +65,7 @@ class PredictArguments:
                 raise ConfigError(f"--{name} {getattr(self, name)!r}: use .csv, .json, .jsonl or .parquet")
         if self.batch_size < 1:
             raise ConfigError(f"--batch_size {self.batch_size}: must be >= 1")
+        check_preprocessing_num_workers(self.preprocessing_num_workers)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -77,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
                                     ("text_column", "text_pair_column", "multi_label_threshold")
                                     if getattr(args, name) is not None})
             predict_file(model, tokenizer, task, args.input_file, args.output_file, args.batch_size, device,
-                         settings.precision)
+                         settings.precision, num_proc=args.preprocessing_num_workers)
         finally:
             cleanup_distributed()
     except ConfigError as err:
@@ -104,17 +109,20 @@ def load_trained_model(path: str, device: torch.device) -> tuple[PreTrainedModel
 
 
 def predict_file(model: PreTrainedModel, tokenizer, task: Task, input_file: str, output_file: str,
-                 batch_size: int, device: torch.device, precision: str = "no") -> Path | None:
+                 batch_size: int, device: torch.device, precision: str = "no",
+                 num_proc: int | None = None) -> Path | None:
     """Predict every row of input_file; rank 0 writes them to output_file (and returns its path).
 
-    Every process of the group must call it: each predicts its share, rank 0 gathers them.
+    Every process of the group must call it: each predicts its share, rank 0 gathers them. Rank 0
+    reads and tokenises first (in num_proc processes); the others then read its cache.
     """
-    rows = read_files({"input": input_file}, flag="--input_file")["input"]
-    for flag, column in (("text_column", task.text_column), ("text_pair_column", task.text_pair_column)):
-        if column is not None and column not in rows.column_names:
-            raise ConfigError(f"--{flag} {column!r} is not a column of {input_file}; columns are: "
-                              f"{', '.join(rows.column_names)}")
-    tokenized = tokenize_datasets(DatasetDict(input=rows), tokenizer, task)
+    with main_process_first():
+        rows = read_files({"input": input_file}, flag="--input_file")["input"]
+        for flag, column in (("text_column", task.text_column), ("text_pair_column", task.text_pair_column)):
+            if column is not None and column not in rows.column_names:
+                raise ConfigError(f"--{flag} {column!r} is not a column of {input_file}; columns are: "
+                                  f"{', '.join(rows.column_names)}")
+        tokenized = tokenize_datasets(DatasetDict(input=rows), tokenizer, task, num_proc=num_proc)
     log_truncation(tokenized, task.max_seq_length)
     logits = predict_logits(model, tokenizer, tokenized["input"], batch_size, device, precision)
     if logits is None:  # not rank 0

@@ -134,6 +134,7 @@ class Job:
     totals: dict = field(default_factory=dict)  # time and examples trained up to the last checkpoint
     stopped: bool = False  # by SIGTERM, at a step every rank reached (StopRequest)
     test_file: str | None = None  # rows to predict at the end, with --do_predict
+    preprocessing_num_workers: int | None = None  # processes that tokenise them
     tracker: Tracker | None = None  # --report_to's, on rank 0 (tracking.py)
 
 
@@ -160,7 +161,8 @@ def build_job(env: DistributedEnv, model_args: ModelArguments, data_args: DataAr
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, warmup, plan.total_steps)
     scaler = torch.amp.GradScaler("cuda") if env.precision == "fp16" else None
     job = Job(args, env, tokenizer, data, collator, sampler, train_loader, plan, model, module, optimizer,
-              scheduler, scaler, test_file=data_args.test_file)
+              scheduler, scaler, test_file=data_args.test_file,
+              preprocessing_num_workers=data_args.preprocessing_num_workers)
     job.tracker = start_tracker(args.report_to, args.output_dir, vars(model_args) | vars(data_args) | vars(args),
                                 env.is_main_process)  # the run id in output_dir: a resume continues its run
 
@@ -229,7 +231,7 @@ def train_and_evaluate(job: Job) -> dict[str, float]:
             if job.tracker is not None:  # the final evaluation too, as the Trainer's trackers get it
                 job.tracker.log(scalars(metrics), job.step)
         write_results(args, metrics, job.history, job.env.is_main_process, job.module, job.tokenizer, job.data.task,
-                      job.test_file, job.env.device, job.env.precision)
+                      job.test_file, job.env.device, job.env.precision, job.preprocessing_num_workers)
         return metrics
     finally:
         if job.tracker is not None:

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
 def run(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> Trainer:
     prepare_run(args)
     trainer = build_trainer(model_args, data_args, args)
-    train_and_evaluate(trainer, args, data_args.test_file)
+    train_and_evaluate(trainer, args, data_args.test_file, data_args.preprocessing_num_workers)
     return trainer
 
 
@@ -308,7 +308,8 @@ def callback(trainer: Trainer, kind: type):
     return next(c for c in trainer.callback_handler.callbacks if isinstance(c, kind))
 
 
-def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str | None = None) -> dict[str, float]:
+def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str | None = None,
+                       preprocessing_num_workers: int | None = None) -> dict[str, float]:
     metrics, record = {}, callback(trainer, RecordRun)
     if args.do_train:
         checkpoint = find_resume_checkpoint(args)
@@ -342,7 +343,8 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
         metrics.update(trainer.compute_metrics.tables)
     precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
     write_results(args, metrics, trainer.state.log_history, trainer.is_world_process_zero(), trainer.model,
-                  trainer.processing_class, trainer.compute_metrics.task, test_file, args.device, precision)
+                  trainer.processing_class, trainer.compute_metrics.task, test_file, args.device, precision,
+                  preprocessing_num_workers)
     return metrics
 
 
