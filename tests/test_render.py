@@ -176,6 +176,7 @@ NATIVE_ONLY_FILES = {
     f"src/{PACKAGE}/batching.py",
     f"src/{PACKAGE}/checkpoint.py",
     f"src/{PACKAGE}/meter.py",
+    f"src/{PACKAGE}/trackers.py",
     "tests/test_batching.py",
     "tests/test_native_loop.py",
 }
@@ -446,6 +447,7 @@ README_TEXT_ONLY_FOR = {
         "`batching.py`",
         "`checkpoint.py`",
         "`meter.py`",
+        "`trackers.py`",
         "the `GradScaler` skipped",
         "any other is refused by the parser",
     ],

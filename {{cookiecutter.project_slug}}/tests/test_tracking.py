@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PACKAGE, REPO_ROOT, package_module, run_env, smoke_flags
+from conftest import IS_NATIVE, PACKAGE, REPO_ROOT, package_module, run_env, smoke_flags
 
 tracking = package_module("tracking")
 
@@ -146,9 +146,9 @@ def test_other_ranks_write_nothing_and_start_no_tracker(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
     assert "WANDB_RUN_ID" not in os.environ and "MLFLOW_RUN_ID" not in os.environ
     assert os.environ["WANDB_MODE"] == "offline"  # the same settings as rank 0, should a library read them
-{%- if cookiecutter.training_loop == "native" %}
-    assert tracking.start_tracker("wandb", str(output_dir), {}, is_main_process=False) is None
-{%- endif %}
+    if IS_NATIVE:
+        trackers = package_module("trackers")
+        assert trackers.start_tracker("wandb", str(output_dir), {}, is_main_process=False) is None
 
 
 @pytest.mark.usefixtures("tracker_free_environ")

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from . import distributed
 from .config import BATCH_PLAN, ConfigError, check_same_batch_plan
 from .distributed import complete_checkpoints, is_distributed
-from .modeling import check_same_lora, load_trained_weights, lora_rank, read_weights, trained_weights
+from .modeling import check_same_lora, is_lora, read_weights
 from .training_args import CHECKPOINT_LAST_FILE as TRAINING_STATE
 
 if TYPE_CHECKING:
@@ -127,6 +127,31 @@ def check_same_model(checkpoint: Path, state: dict, weights: dict, job: Job) -> 
             + (f" (different tensors: {', '.join(mismatched[:3])})" if mismatched else "")
             + ". Use a new --output_dir, or --resume_from_checkpoint with a checkpoint of this model and data."
         )
+
+
+def lora_rank(model: torch.nn.Module) -> int:
+    """The model's --lora_r: 0 without LoRA."""
+    return model.peft_config["default"].r if is_lora(model) else 0
+
+
+def trained_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a checkpoint holds: every weight; with LoRA only the adapters and the head, under peft's names."""
+    if is_lora(model):
+        from peft import get_peft_model_state_dict
+
+        return get_peft_model_state_dict(model)
+    return model.state_dict()
+
+
+def load_trained_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Load what trained_weights returned."""
+    if is_lora(model):
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, weights)
+    else:
+        # strict=False: save_pretrained leaves out tied copies; callers compare the names first.
+        model.load_state_dict(weights, strict=False)
 
 
 def rng_state() -> dict:

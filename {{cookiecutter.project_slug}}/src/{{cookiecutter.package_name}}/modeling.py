@@ -180,13 +180,6 @@ def is_lora(model: torch.nn.Module) -> bool:
 
     return isinstance(model, PeftModel)
 
-{%- if cookiecutter.training_loop == "native" %}
-
-
-def lora_rank(model: torch.nn.Module) -> int:
-    """The model's --lora_r: 0 without LoRA."""
-    return model.peft_config["default"].r if is_lora(model) else 0
-{%- endif %}
 
 
 def check_same_lora(checkpoint: Path, lora_r: int) -> None:
@@ -209,29 +202,6 @@ def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
     return {"trainable_parameters": sum(p.numel() for p in parameters if p.requires_grad),
             "total_parameters": sum(p.numel() for p in parameters)}
 
-{%- if cookiecutter.training_loop == "native" %}
-
-
-def trained_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What a checkpoint holds: every weight; with LoRA only the adapters and the head, under peft's names."""
-    if is_lora(model):
-        from peft import get_peft_model_state_dict
-
-        return get_peft_model_state_dict(model)
-    return model.state_dict()
-
-
-def load_trained_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Load what trained_weights returned (from a checkpoint: see checkpoint.py)."""
-    if is_lora(model):
-        from peft import set_peft_model_state_dict
-
-        set_peft_model_state_dict(model, weights)
-    else:
-        # strict=False: save_pretrained leaves out tied copies; callers compare the names first.
-        model.load_state_dict(weights, strict=False)
-
-{%- endif %}
 
 
 def save_lora_base(model: torch.nn.Module, folder: str | Path) -> None:

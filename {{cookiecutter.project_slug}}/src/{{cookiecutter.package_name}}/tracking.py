@@ -5,12 +5,8 @@ each tracker reads, only where you have not set them: TensorBoard in output_dir/
 in output_dir/wandb, mlflow to a SQLite file, output_dir/mlflow.db (mlflow 3 refuses its old
 ./mlruns file store unless told otherwise). Rank 0 records the tracker's run id in
 output_dir/tracker_run.json the first time, and every later run of that output_dir (a resume)
-continues the same run. {% if cookiecutter.training_loop == "native" -%}
-The loop logs through `start_tracker`, which starts the chosen tracker on rank 0.
-{%- else -%}
-The Trainer's own callbacks (report_to) read this environment;
-`close_trackers` ends the runs they leave open.
-{%- endif %}
+continues the same run. The Trainer's own callbacks (report_to) read this environment; the native
+loop starts its tracker with trackers.py.
 """
 
 from __future__ import annotations
@@ -18,9 +14,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-{%- if cookiecutter.training_loop == "trainer" %}
-import sys
-{%- endif %}
 from collections.abc import Callable, Collection
 from pathlib import Path
 
@@ -81,69 +74,3 @@ def new_mlflow_run() -> str:
 
     experiment = mlflow.set_experiment(os.environ["MLFLOW_EXPERIMENT_NAME"])  # created if missing
     return mlflow.MlflowClient().create_run(experiment.experiment_id).info.run_id
-{%- if cookiecutter.training_loop == "native" %}
-
-
-class TensorBoardTracker:
-    def __init__(self, config: dict) -> None:
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(os.environ["TENSORBOARD_LOGGING_DIR"])
-        self.writer.add_text("args", json.dumps(config, indent=1))
-
-    def log(self, scalars: dict[str, float], step: int) -> None:
-        for key, value in scalars.items():
-            self.writer.add_scalar(key, value, step)
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-class WandbTracker:
-    def __init__(self, config: dict) -> None:
-        import wandb
-
-        self.run = wandb.init(config=config)  # project, mode, folder, run id and resume: from the environment
-
-    def log(self, scalars: dict[str, float], step: int) -> None:
-        self.run.log(scalars, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
-
-
-class MlflowTracker:
-    def __init__(self, config: dict) -> None:
-        import mlflow
-
-        self.mlflow = mlflow  # configure_tracker started the run
-        if not mlflow.active_run().data.params:  # a resumed run keeps its first flags
-            mlflow.log_params(config)
-
-    def log(self, scalars: dict[str, float], step: int) -> None:
-        self.mlflow.log_metrics(scalars, step=step)
-
-    def close(self) -> None:
-        self.mlflow.end_run()
-
-
-Tracker = TensorBoardTracker | WandbTracker | MlflowTracker
-TRACKER_CLASSES = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "mlflow": MlflowTracker}
-
-
-def start_tracker(report_to: str, output_dir: str, config: dict, is_main_process: bool) -> Tracker | None:
-    """The native loop's tracker: configured on every rank, started on rank 0 only (None elsewhere, and
-    for none). It has log(scalars, step) and close()."""
-    configure_tracker([report_to], output_dir, is_main_process)
-    return TRACKER_CLASSES[report_to](config) if report_to != "none" and is_main_process else None
-{%- else %}
-
-
-def close_trackers() -> None:
-    """End the wandb and mlflow runs the Trainer's callbacks leave open until exit, where wandb would
-    print its closing lines with colour codes into log files. A package not imported was not used."""
-    if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
-        sys.modules["wandb"].finish()
-    if "mlflow" in sys.modules and sys.modules["mlflow"].active_run() is not None:
-        sys.modules["mlflow"].end_run()
-{%- endif %}

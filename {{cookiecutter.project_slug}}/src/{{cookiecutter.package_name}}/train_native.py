@@ -57,7 +57,7 @@ from .metrics import (
 )
 from .modeling import enable_gradient_checkpointing, load_model, load_tokenizer, parameter_counts, save_lora_base
 from .results import write_results
-from .tracking import Tracker, start_tracker
+from .trackers import Tracker, start_tracker
 from .training_args import TrainingArguments
 
 logger = logging.getLogger(f"{__package__}.train")  # not __name__: that is "__main__" under python -m
@@ -135,7 +135,7 @@ class Job:
     stopped: bool = False  # by SIGTERM, at a step every rank reached (StopRequest)
     test_file: str | None = None  # rows to predict at the end, with --do_predict
     preprocessing_num_workers: int | None = None  # processes that tokenise them
-    tracker: Tracker | None = None  # --report_to's, on rank 0 (tracking.py)
+    tracker: Tracker | None = None  # --report_to's, on rank 0 (trackers.py)
 
 
 def build_job(env: DistributedEnv, model_args: ModelArguments, data_args: DataArguments,

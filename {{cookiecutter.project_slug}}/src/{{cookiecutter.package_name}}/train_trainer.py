@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -56,7 +57,7 @@ from .metrics import (
 )
 from .modeling import classifier_of, load_model, load_tokenizer, parameter_counts, save_lora_base
 from .results import write_results
-from .tracking import close_trackers, configure_tracker
+from .tracking import configure_tracker
 from .training_args import CHECKPOINT_LAST_FILE, TrainingArguments
 
 RUN_TOTALS = "run_totals.json"  # time and examples trained up to this checkpoint, over every leg of the run
@@ -354,6 +355,16 @@ def release(trainer: Trainer) -> None:
     trainer.model_wrapped = trainer.model
     close_trackers()
     cleanup_distributed()
+
+
+
+def close_trackers() -> None:
+    """End the wandb and mlflow runs the Trainer's callbacks leave open until exit, where wandb would
+    print its closing lines with colour codes into log files. A package not imported was not used."""
+    if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
+        sys.modules["wandb"].finish()
+    if "mlflow" in sys.modules and sys.modules["mlflow"].active_run() is not None:
+        sys.modules["mlflow"].end_run()
 
 
 if __name__ == "__main__":
