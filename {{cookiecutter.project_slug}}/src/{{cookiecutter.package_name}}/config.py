@@ -86,7 +86,7 @@ class DataArguments:
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N train examples."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep the first N eval examples."})
     preprocessing_num_workers: int | None = field(
-        default=None, metadata={"help": "Tokenising processes; 0 or 1: this one."}
+        default=None, metadata={"help": "Tokenising processes; 0, 1: this one."}
     )
 
     def __post_init__(self) -> None:
