@@ -162,6 +162,7 @@ COMMON_FILES = {
     "tests/test_settings.py",
     "tests/test_smoke.py",
     "tests/test_tasks.py",
+    "tests/test_torchrun.py",
     "tests/test_task_types.py",
     "tests/test_tracking.py",
 }

@@ -7,7 +7,8 @@ with a traceback of some 30 lines, whatever they did. Here the SIGTERM goes to e
 group as there, and then this process waits (up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s) for the
 workers: if every one saved the step it reached (exit status STOPPED_EXIT_CODE), one line says so and
 this exits with STOPPED_EXIT_CODE too, which tells a scheduler (and train_slurm.sbatch) that the run
-can resume. Else (a worker that did not save, or no worker started yet) it says so and exits 1.
+can resume. If every worker had finished the run (exit status 0), it exits 0. Else (a worker that did
+not save, or no worker started yet) it says so and exits 1.
 Every other failure keeps torchrun's own report. (With torch older than 2.9, or no /proc, torchrun
 handles SIGTERM itself once its workers start.)
 """
@@ -48,6 +49,10 @@ def main(argv: list[str] | None = None) -> None:
         if not stopped.statuses:
             print("torchrun: stopped by SIGTERM before any worker started: nothing was saved", file=sys.stderr)
             raise SystemExit(1) from None
+        if all(status == 0 for status in stopped.statuses.values()):  # it came as the training ended
+            print(f"torchrun: SIGTERM came as the run ended: all {len(stopped.statuses)} worker(s) here had finished "
+                  "it (exit status 0)", file=sys.stderr)
+            raise SystemExit(0) from None
         if unsaved:
             print(f"torchrun: stopped by SIGTERM, but worker(s) {describe(unsaved)} did not save the step they "
                   "reached (exit status 143 means saved): the same command resumes from the last checkpoint",
