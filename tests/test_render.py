@@ -650,7 +650,7 @@ def test_rendered_repo_passes_its_own_test_suite(rendered, combo, tmp_path):
     result = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, check=False, timeout=2700)
     output = result.stdout + result.stderr
     counts = summary_counts(result.stdout)
-    assert result.returncode == 0, output[-6000:]
+    assert result.returncode == 0, output[-12000:]
     assert counts["failed"] == 0 and counts["errors"] == 0, counts
     assert counts["passed"] > 0, counts
 

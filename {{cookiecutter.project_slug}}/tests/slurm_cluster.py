@@ -366,6 +366,11 @@ class SlurmCluster:
       * MinJobAge=3600 (finished jobs stay in `scontrol show job`), JobRequeue=1, KillWait=kill_wait (30),
         SlurmctldTimeout=10, SlurmdTimeout=30, free ports for slurmctld and slurmd, FirstJobId=N*100000+1 so
         two live clusters never share a job id (slurm cgroup folders are named by job id).
+      * requeue_hold=N (default SLURM's 120) sets AuthInfo cred_expire=N: how long SLURM holds a requeued job
+        (Reason=BeginTime) before it may start again, so that the last attempt's credentials have expired on
+        its nodes; it is also the lifetime of a job step's credential. Any other value adds
+        SchedulerParameters=sched_interval=1, which starts the job within a second of the hold's end rather
+        than at the next 60 s scheduling pass.
     """
 
     def __init__(
@@ -380,6 +385,7 @@ class SlurmCluster:
         proctrack: str = "auto",
         start_timeout: float = 60.0,
         extra_conf: str = "",
+        requeue_hold: int = 120,
     ) -> None:
         if nodes not in (1, 2):
             raise ValueError(f"nodes must be 1 or 2, not {nodes}")
@@ -394,6 +400,7 @@ class SlurmCluster:
         self.proctrack = _pick_proctrack() if proctrack == "auto" else f"proctrack/{proctrack}"
         self.start_timeout = start_timeout
         self.extra_conf = extra_conf
+        self.requeue_hold = requeue_hold
         self.conf = self.dir / "etc" / "slurm.conf"
         self.log_dir = self.dir / "log"
         self.munge_socket = self.dir / "munge" / "munge.socket"
@@ -486,7 +493,23 @@ class SlurmCluster:
         keys = ("JobState", "Reason", "Restarts", "ExitCode", "NodeList", "BatchHost", "EligibleTime", "StdOut")
         out = info.get("StdOut", "")
         return (" ".join(f"{k}={info.get(k)}" for k in keys)
-                + f"\n--- {out} (tail):\n" + (_tail(Path(out)) if out else "(no StdOut)"))
+                + f"\n--- {out} (tail):\n" + (_tail(Path(out)) if out else "(no StdOut)")
+                + self.daemon_lines(job_id))
+
+    def daemon_lines(self, job_id: int, lines: int = 12) -> str:
+        """The daemons' last log lines about a job, to tell why SLURM ended it (a launch it refused leaves
+        nothing in the job's own log)."""
+        shown = []
+        for path in sorted(self.log_dir.glob("*.log")):
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:
+                continue
+            found = [line[:200] for line in text.splitlines() if re.search(rf"\b{job_id}\b", line)]
+            if found:
+                shown.append(f"--- {path.name}, lines naming job {job_id} (last {lines}):\n"
+                             + "\n".join(found[-lines:]))
+        return "".join(f"\n{block}" for block in shown)
 
     def release(self, job_id: int) -> None:
         """`scontrol update jobid=N StartTime=now`. After a requeue SLURM keeps the job PENDING with
@@ -678,7 +701,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={self.munge_socket}
+AuthInfo=socket={self.munge_socket},cred_expire={self.requeue_hold}
 StateSaveLocation={d}/state
 SlurmdSpoolDir={d}/spool/%n
 SlurmctldPidFile={d}/run/slurmctld.pid
@@ -695,6 +718,7 @@ SlurmdParameters=config_overrides
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+{'SchedulerParameters=sched_interval=1' if self.requeue_hold != 120 else '# SchedulerParameters: SLURM defaults'}
 PriorityType=priority/basic
 MpiDefault=none
 LaunchType=launch/slurm
