@@ -15,7 +15,8 @@ usage() {
 Usage: bench/gpu_check.sh [--cpu] [--rendered DIR] [--workdir DIR] [--json FILE]
        bench/gpu_check.sh --render-only DIR
 
-On one CUDA GPU, with no Hugging Face Hub access, in at most 8 minutes:
+On a CUDA machine (one GPU is enough), with no Hugging Face Hub access, in at
+most 8 minutes:
   1. renders both training loops, writes synthetic imdb-like data and a
      bert-base-sized model built from a config (saved in float32, float16 and
      bfloat16);
@@ -24,7 +25,10 @@ On one CUDA GPU, with no Hugging Face Hub access, in at most 8 minutes:
      against the GPU's dense bf16 peak (targets: >= 40%, native >= Trainer);
   3. trains each loop a few steps from the float16 checkpoint with
      --mixed_precision fp16 and from the bfloat16 one with --mixed_precision bf16,
-     and reports pass or fail per run.
+     and reports pass or fail per run;
+  4. on a machine with 2 or more GPUs, trains each loop 20 steps as users launch
+     it there (NPROC_PER_NODE=auto: one process per GPU, nccl), and reports pass
+     or fail.
 Prints markdown tables and writes JSON (default: bench/results/gpu_check.json).
 Exits 1, after an "error:" line, when anything failed.
 
