@@ -513,8 +513,8 @@ class SlurmCluster:
 
     def release(self, job_id: int) -> None:
         """`scontrol update jobid=N StartTime=now`. After a requeue SLURM keeps the job PENDING with
-        Reason=BeginTime for about 120 s (its EligibleTime is set that far ahead); tests release it at once, as
-        an administrator could, instead of waiting."""
+        Reason=BeginTime for requeue_hold seconds (120 by default: its EligibleTime is set that far ahead); this
+        starts it at once, as an administrator could."""
         self.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"])
 
     def signal_batch(self, job_id: int, sig: str = "TERM") -> None:
