@@ -368,9 +368,9 @@ class SlurmCluster:
         two live clusters never share a job id (slurm cgroup folders are named by job id).
       * requeue_hold=N (default SLURM's 120) sets AuthInfo cred_expire=N: how long SLURM holds a requeued job
         (Reason=BeginTime) before it may start again, so that the last attempt's credentials have expired on
-        its nodes; it is also the lifetime of a job step's credential. Any other value adds
-        SchedulerParameters=sched_interval=1, which starts the job within a second of the hold's end rather
-        than at the next 60 s scheduling pass.
+        its nodes; it is also the lifetime of a job step's credential.
+      * SchedulerParameters=sched_interval=1: a job that becomes eligible (a hold ends) starts within a second,
+        not at the next 60 s scheduling pass.
     """
 
     def __init__(
@@ -718,7 +718,7 @@ SlurmdParameters=config_overrides
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
-{'SchedulerParameters=sched_interval=1' if self.requeue_hold != 120 else '# SchedulerParameters: SLURM defaults'}
+SchedulerParameters=sched_interval=1
 PriorityType=priority/basic
 MpiDefault=none
 LaunchType=launch/slurm

@@ -143,8 +143,8 @@ def run_stopped(cluster: SlurmCluster, folder: Path, assets: Path, nodes: int, s
     job.stop_seconds = job.wait_for_log(r"torchrun: stopped by SIGTERM", timeout=120) - signalled
     job.wait_for({"PENDING"}, timeout=120)
     cluster.run(["scontrol", "update", f"jobid={job.id}", "TimeLimit=10"])  # the first attempt's limit, restored
-    # SLURM holds the requeued job (REQUEUE_HOLD) until the last attempt has ended on its nodes, and starts
-    # it then by itself.
+    # SLURM holds the requeued job REQUEUE_HOLD seconds, for the last attempt to end on its nodes, and then
+    # starts it by itself.
     job.info = job.wait_for({"COMPLETED"}, timeout=REQUEUE_HOLD + 120)
     return job
 
