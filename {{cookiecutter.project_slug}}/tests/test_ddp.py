@@ -10,7 +10,6 @@ import json
 import math
 import shutil
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from conftest import (
     TRAIN_SIZE,
     package_module,
     read_probe,
-    run_env,
+    run_python,
     smoke_flags,
     torchrun,
 )
@@ -213,8 +212,7 @@ def test_gradient_sync_check_refuses_ranks_that_do_not_share_gradients(
 
 def run_single_process(flags: list[str]) -> subprocess.CompletedProcess:
     """Plain `python -m <package>.train`, one process, no torchrun."""
-    return subprocess.run([sys.executable, "-m", f"{PACKAGE}.train", *flags], cwd=REPO_ROOT, env=run_env(),
-                          capture_output=True, text=True, timeout=300)
+    return run_python(["-m", f"{PACKAGE}.train", *flags])
 
 
 @pytest.mark.slow

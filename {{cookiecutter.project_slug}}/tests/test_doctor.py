@@ -13,11 +13,10 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import PACKAGE, REPO_ROOT, finish, free_port, run_env, smoke_flags, start, torchrun
+from conftest import PACKAGE, REPO_ROOT, finish, free_port, run_env, run_python, smoke_flags, start, torchrun
 
 pytestmark = pytest.mark.slow  # real launches: `make test-all`
 
@@ -48,8 +47,7 @@ def detail(output: str, check: str) -> str:
 
 def run_alone(args: list[str], **env: str) -> subprocess.CompletedProcess:
     """The doctor in one plain process, as on a node before its job starts."""
-    return subprocess.run([sys.executable, "-m", DOCTOR, *args], cwd=REPO_ROOT, env=run_env(**env),
-                          capture_output=True, text=True, timeout=120)
+    return run_python(["-m", DOCTOR, *args], timeout=120, env=run_env(**env))
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,9 @@ def test_single_node_script_trains_with_two_processes(smoke_assets: Path, tmp_pa
     result = finish(start([str(SCRIPTS / "train_single_node.sh"), *flags], run_env(NPROC_PER_NODE="2")))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "world size 2" in result.stdout
+    # The preflight ran first, and said what it found.
+    assert ("preflight: 256 train and 101 eval examples, single_label_classification, labels ['negative', "
+            "'positive'], 2 process(es) on CPU, precision no: settings and data look right") in result.stdout
     assert read_metrics(tmp_path)["eval_num_examples"] == EVAL_SIZE
     # A log file holds whole lines: no progress-bar fragments, one JSON object per log step.
     assert "\r" not in result.stdout + result.stderr

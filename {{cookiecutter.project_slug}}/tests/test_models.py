@@ -19,7 +19,6 @@ import json
 import logging
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -33,13 +32,12 @@ from conftest import (
     SMOKE,
     SMOKE_CONFIG,
     TRAIN_SIZE,
-    finish,
     package_module,
     read_jsonl,
     read_probe,
-    run_env,
+    run_python,
     smoke_flags,
-    start,
+    start_torchrun,
     torchrun,
 )
 from datasets import Dataset, DatasetDict
@@ -179,8 +177,7 @@ def test_lora_target_modules_must_name_linear_layers_of_the_model(decoders: dict
 
 
 def preflight(flags: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", f"{PACKAGE}.preflight", *flags], cwd=REPO_ROOT, env=run_env(),
-                          capture_output=True, text=True, timeout=120)
+    return run_python(["-m", f"{PACKAGE}.preflight", *flags], timeout=120)
 
 
 @pytest.mark.slow
@@ -280,16 +277,14 @@ def lora_run(lora_flags: list[str], tmp_path_factory: pytest.TempPathFactory) ->
 def stopped_and_resumed(lora_flags: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The lora run's command, sent SIGTERM after its first checkpoint, then started again."""
     output_dir = tmp_path_factory.mktemp("stopped")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", PROBE, *lora_flags,
-               "--output_dir", str(output_dir)]
-    process = start(command, run_env())
+    process = start_torchrun([PROBE, *lora_flags, "--output_dir", str(output_dir)])
     deadline = time.monotonic() + 240
     while not (output_dir / f"checkpoint-{STEPS_PER_EPOCH}").is_dir():
-        assert process.poll() is None, f"ended before its first checkpoint:\n{process.communicate()[1][-3000:]}"
+        assert process.poll() is None, f"ended before its first checkpoint:\n{process.finish().stderr[-3000:]}"
         assert time.monotonic() < deadline, "no first checkpoint after 240 s"
         time.sleep(0.05)
     process.send_signal(signal.SIGTERM)  # torchrun passes it on to its workers, as under a scheduler
-    stopped = finish(process, timeout=120)
+    stopped = process.finish(timeout=120)
     checkpoints = sorted(int(path.name.split("-")[1]) for path in output_dir.glob("checkpoint-*"))
     return {"stopped": stopped, "checkpoints": checkpoints, **run(output_dir, lora_flags)}
 

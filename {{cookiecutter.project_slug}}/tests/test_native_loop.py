@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from conftest import (
     TRAIN_SIZE,
     package_module,
     read_probe,
-    run_env,
+    run_python,
     smoke_flags,
     torchrun,
 )
@@ -60,9 +59,7 @@ def assert_weights_close(expected: dict, actual: dict, atol: float) -> None:
 
 def run_single_process(args: list[str], script: str | None = None) -> subprocess.CompletedProcess:
     """Plain `python` without torchrun: the loop must run alone, as one process."""
-    command = [sys.executable, script] if script else [sys.executable, "-m", f"{PACKAGE}.train"]
-    return subprocess.run([*command, *args], cwd=REPO_ROOT, env=run_env(), capture_output=True, text=True,
-                          timeout=300)
+    return run_python([script, *args] if script else ["-m", f"{PACKAGE}.train", *args])
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import IS_NATIVE, REPO_ROOT, TRAIN_SIZE, run_env, smoke_flags
+from conftest import IS_NATIVE, PACKAGE, REPO_ROOT, TRAIN_SIZE, run_env, smoke_flags, torchrun
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow  # real launches: `make test-all`
@@ -49,9 +49,9 @@ def checkpoint_steps(output_dir: Path) -> list[int]:
 
 @pytest.fixture(scope="module")
 def uninterrupted(smoke_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference: the same flags, not disturbed (started warm: see tests/conftest.py's torchrun)."""
     output_dir = tmp_path_factory.mktemp("uninterrupted")
-    log = output_dir.parent / "uninterrupted.log"
-    assert wait(launch([*smoke_flags(smoke_assets, output_dir), *FLAGS], log), log) == 0, log.read_text()[-3000:]
+    torchrun(["-m", f"{PACKAGE}.train", *smoke_flags(smoke_assets, output_dir), *FLAGS])
     return output_dir
 
 

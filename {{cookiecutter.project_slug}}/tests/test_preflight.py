@@ -1,28 +1,33 @@
 """A bad setting given to a launch script ends with one `error:` line before torchrun starts anything.
 
-Each case runs scripts/train_single_node.sh for real (2 processes asked for), as a user would. The
-preflight (python -m <package>.preflight) must refuse it: exit status 2, one line on stderr, no
-torchrun command shown, no traceback, no output_dir created. Errors only a worker can find are
-printed once, by the first process of the node.
+The first case runs scripts/train_single_node.sh for real (2 processes asked for), as a user would; the
+others run what the script runs first, `python -m <package>.preflight` for 2 processes, each in a warm
+process (tests/conftest.py's run_python). The preflight must refuse each: exit status 2, one line on
+stderr, no torchrun command shown, no traceback, no output_dir created. Errors only a worker can find
+are printed once, by the first process of the node. A good run passing the preflight is in
+tests/test_launch_end_to_end.py.
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import PACKAGE, REPO_ROOT, finish, run_env, smoke_flags, start
+from conftest import PACKAGE, REPO_ROOT, finish, run_env, run_python, smoke_flags, start, torchrun
 
 pytestmark = pytest.mark.slow  # real launches: `make test-all`
 
 SCRIPT = REPO_ROOT / "scripts" / "train_single_node.sh"
 
 
-def launch(flags: list[str], **env: str) -> subprocess.CompletedProcess:
-    return finish(start([str(SCRIPT), *flags], run_env(NPROC_PER_NODE="2", **env)), timeout=180)
+def launch(flags: list[str]) -> subprocess.CompletedProcess:
+    return finish(start([str(SCRIPT), *flags], run_env(NPROC_PER_NODE="2")), timeout=180)
+
+
+def preflight(flags: list[str]) -> subprocess.CompletedProcess:
+    """What the script runs first for 2 processes."""
+    return run_python(["-m", f"{PACKAGE}.preflight", *flags], timeout=180, env=run_env(PREFLIGHT_WORLD_SIZE="2"))
 
 
 def write_csv(path: Path, labels: list[str]) -> Path:
@@ -65,7 +70,7 @@ def test_a_bad_setting_is_one_error_line_before_any_worker_starts(
 ) -> None:
     output_dir = tmp_path / "out"
     flags = breaks(smoke_flags(smoke_assets, output_dir), tmp_path)
-    result = launch(flags)
+    result = launch(flags) if case == BAD_SETTINGS[0][0] else preflight(flags)
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     error_lines = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(error_lines) == 1, result.stderr
@@ -80,14 +85,12 @@ def test_labels_that_differ_from_the_checkpoint_in_output_dir_are_refused_before
     smoke_assets: Path, tmp_path: Path
 ) -> None:
     output_dir = tmp_path / "out"
-    trained = subprocess.run(
-        [sys.executable, "-m", f"{PACKAGE}.train", *smoke_flags(smoke_assets, output_dir), "--max_steps", "2"],
-        cwd=REPO_ROOT, env=run_env(), capture_output=True, text=True, timeout=300)
+    trained = run_python(["-m", f"{PACKAGE}.train", *smoke_flags(smoke_assets, output_dir), "--max_steps", "2"])
     assert trained.returncode == 0, trained.stderr[-3000:]
     own_data = str(write_csv(tmp_path / "own.csv", ["bad", "good", "so-so"] * 4))
     flags = with_flag(with_flag(smoke_flags(smoke_assets, output_dir), "--train_file", own_data),
                       "--validation_file", own_data)
-    result = launch([*flags, "--ignore_mismatched_sizes", "true"])
+    result = preflight([*flags, "--ignore_mismatched_sizes", "true"])
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: checkpoint '{output_dir}/checkpoint-2' was trained for labels ['negative', 'positive'], but the data "
@@ -95,18 +98,10 @@ def test_labels_that_differ_from_the_checkpoint_in_output_dir_are_refused_before
     ]
 
 
-def test_a_good_run_passes_the_preflight_and_says_so(smoke_assets: Path, tmp_path: Path) -> None:
-    flags = [*smoke_flags(smoke_assets, tmp_path), "--max_steps", "2", "--save_strategy", "no"]
-    result = launch(flags)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert ("preflight: 256 train and 101 eval examples, single_label_classification, labels ['negative', "
-            "'positive'], 2 process(es) on CPU, precision no: settings and data look right") in result.stdout
-    assert json.loads((tmp_path / "metrics.json").read_text())["train_steps"] == 2
-
-
 def test_an_error_found_in_the_workers_is_printed_once(smoke_assets: Path, tmp_path: Path) -> None:
-    # PREFLIGHT=0 skips the check, so both workers meet the bad column themselves.
-    result = launch([*smoke_flags(smoke_assets, tmp_path), "--text_column", "body"], PREFLIGHT="0")
+    # Without the preflight (PREFLIGHT=0 in the scripts) both workers meet the bad column themselves.
+    result = torchrun(["-m", f"{PACKAGE}.train", *smoke_flags(smoke_assets, tmp_path), "--text_column", "body"],
+                      check=False)
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert output.count("error: --text_column 'body' is not a column") == 1, output[-3000:]

@@ -16,7 +16,19 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import IS_NATIVE, REPO_ROOT, SMOKE, TRAIN_SIZE, finish, free_port, run_env, smoke_flags, start
+from conftest import (
+    IS_NATIVE,
+    PACKAGE,
+    REPO_ROOT,
+    SMOKE,
+    TRAIN_SIZE,
+    finish,
+    free_port,
+    run_env,
+    smoke_flags,
+    start,
+    torchrun,
+)
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow  # real launches: `make test-all`
@@ -70,9 +82,9 @@ def crashed_run(tmp_path_factory: pytest.TempPathFactory, smoke_assets: Path, na
 
 @pytest.fixture(scope="module")
 def uninterrupted(smoke_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference: the same flags, not disturbed (started warm: see tests/conftest.py's torchrun)."""
     output_dir = tmp_path_factory.mktemp("uninterrupted")
-    run = run_single_node([*smoke_flags(smoke_assets, output_dir), *FLAGS], run_env())
-    assert run["returncodes"] == [0], run["log"][-3000:]
+    torchrun(["-m", f"{PACKAGE}.train", *smoke_flags(smoke_assets, output_dir), *FLAGS])
     return output_dir
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import PACKAGE, REPO_ROOT, read_metrics, run_env, smoke_flags
+from conftest import PACKAGE, read_metrics, run_python, smoke_flags
 
 pytestmark = pytest.mark.slow  # real launches: `make test-all`
 
@@ -17,8 +16,7 @@ STEPS_PER_EPOCH = 16  # 256 train examples / batch 16, one process
 
 
 def train(flags: list[str]) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", f"{PACKAGE}.train", *flags], cwd=REPO_ROOT, env=run_env(),
-                            capture_output=True, text=True, timeout=300)
+    result = run_python(["-m", f"{PACKAGE}.train", *flags])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return result
 

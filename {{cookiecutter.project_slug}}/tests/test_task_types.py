@@ -4,13 +4,11 @@ predictions on new data: in input order, the same on 2 processes as on 1, matchi
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import EVAL_SIZE, PACKAGE, REPO_ROOT, package_module, read_jsonl, run_env, torchrun
+from conftest import EVAL_SIZE, PACKAGE, REPO_ROOT, package_module, read_jsonl, run_python, torchrun
 
 pytestmark = pytest.mark.slow  # real launches: `make test-all`
 
@@ -41,7 +39,7 @@ def trained(task_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     runs = {}
     for task in ("pairs", "regression", "multilabel"):
         output_dir = tmp_path_factory.mktemp(task)
-        flags = task_flags(task, task_assets, output_dir)
+        flags = [*task_flags(task, task_assets, output_dir), "--save_strategy", "no"]  # learning, not saving
         if task == "pairs":
             flags += ["--do_predict", "true", "--test_file", str(task_assets / task / "validation.jsonl")]
         result = torchrun(["-m", f"{PACKAGE}.train", *flags], timeout=600)
@@ -100,9 +98,7 @@ def test_predict_on_two_processes_writes_each_row_once_and_agrees_with_one(
     model, rows = trained[task]["output_dir"], task_assets / task / "validation.jsonl"
     flags = ["--model_name_or_path", str(model), "--input_file", str(rows)]
     torchrun(["-m", f"{PACKAGE}.predict", *flags, "--output_file", str(tmp_path / "two.jsonl"), "--batch_size", "8"])
-    one = subprocess.run([sys.executable, "-m", f"{PACKAGE}.predict", *flags, "--output_file",
-                          str(tmp_path / "one.jsonl")], cwd=REPO_ROOT, env=run_env(), capture_output=True, text=True,
-                         timeout=300)
+    one = run_python(["-m", f"{PACKAGE}.predict", *flags, "--output_file", str(tmp_path / "one.jsonl")])
     assert one.returncode == 0, one.stderr[-3000:]
     two, one = read_jsonl(tmp_path / "two.jsonl"), read_jsonl(tmp_path / "one.jsonl")
     inputs = read_jsonl(rows)

@@ -11,15 +11,21 @@ from __future__ import annotations
 import json
 import logging
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import PACKAGE, REPO_ROOT, REQUIRED, in_memory, names_from, package_module, parse_args, run_env
+from conftest import (
+    PACKAGE,
+    REQUIRED,
+    in_memory,
+    names_from,
+    package_module,
+    parse_args,
+    run_python,
+)
 from datasets import ClassLabel, Dataset, DatasetDict, Features, List, Value
 from scipy.stats import pearsonr, spearmanr
 from transformers import AutoConfig
@@ -512,11 +518,8 @@ def test_predict_file_refuses_an_input_without_the_models_pair_column(smoke_asse
 
 def test_predict_cli_refuses_an_unknown_output_suffix_with_one_error_line(tmp_path: Path) -> None:
     output_file = str(tmp_path / "predictions.txt")
-    result = subprocess.run(
-        [sys.executable, "-m", f"{PACKAGE}.predict", "--model_name_or_path", str(tmp_path / "model"),
-         "--input_file", str(tmp_path / "rows.csv"), "--output_file", output_file],
-        cwd=REPO_ROOT, env=run_env(), capture_output=True, text=True, timeout=120,
-    )
+    result = run_python(["-m", f"{PACKAGE}.predict", "--model_name_or_path", str(tmp_path / "model"),
+                         "--input_file", str(tmp_path / "rows.csv"), "--output_file", output_file], timeout=120)
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert errors == [f"error: --output_file '{output_file}': use .csv, .json, .jsonl or .parquet"], result.stderr

@@ -13,12 +13,10 @@ from __future__ import annotations
 import json
 import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import IS_NATIVE, PACKAGE, REPO_ROOT, package_module, run_env, smoke_flags
+from conftest import IS_NATIVE, PACKAGE, package_module, run_env, run_python, smoke_flags
 
 tracking = package_module("tracking")
 
@@ -35,10 +33,8 @@ def train(tracker: str, assets: Path, output_dir: Path, legs: tuple[int, ...] = 
     """Train 2 epochs (by default 1, then resumed to 2); return {step: loss} as the legs printed it."""
     losses = {}
     for epochs in legs:
-        command = [sys.executable, "-m", f"{PACKAGE}.train", *smoke_flags(assets, output_dir), *SHORT_RUN,
-                   "--report_to", tracker, "--num_train_epochs", str(epochs)]
-        result = subprocess.run(command, cwd=REPO_ROOT, env=tracker_free_env(), capture_output=True, text=True,
-                                timeout=300)
+        result = run_python(["-m", f"{PACKAGE}.train", *smoke_flags(assets, output_dir), *SHORT_RUN, "--report_to",
+                             tracker, "--num_train_epochs", str(epochs)], env=tracker_free_env())
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"step"')]
         losses |= {line["step"]: line["loss"] for line in lines if "loss" in line}

@@ -9,13 +9,11 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import transformers
-from conftest import PACKAGE, REPO_ROOT, REQUIRED, package_module, run_env
+from conftest import PACKAGE, REQUIRED, package_module, run_env, run_python
 
 config = package_module("config")
 ConfigError = config.ConfigError
@@ -116,8 +114,7 @@ def test_the_flags_it_implements_are_parsed_to_their_types() -> None:
 
 
 def test_help_is_short_and_lists_only_this_loops_flags() -> None:
-    result = subprocess.run([sys.executable, "-m", f"{PACKAGE}.train", "--help"], cwd=REPO_ROOT,
-                            env=run_env(COLUMNS="80"), capture_output=True, text=True, timeout=120)
+    result = run_python(["-m", f"{PACKAGE}.train", "--help"], timeout=120, env=run_env(COLUMNS="80"))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) <= 160

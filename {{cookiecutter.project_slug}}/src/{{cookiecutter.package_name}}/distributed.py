@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,6 +24,9 @@ import transformers
 
 from .config import ConfigError
 from .torchrun import STOPPED_EXIT_CODE  # noqa: F401 - the loops import it from here
+
+# How long a process other than the first of its node waits before it exits on a bad setting (print_error).
+ERROR_GRACE_SECONDS = 5
 
 
 @dataclass(frozen=True)
@@ -166,10 +170,14 @@ def env_world_size() -> int:
 def print_error(message: str) -> None:
     """Print a bad setting as one `error:` line: once per node under torchrun, where every rank found it.
 
-    Not on rank 0 alone: files can differ between nodes, and a node's own problem must show.
+    Not on rank 0 alone: files can differ between nodes, and a node's own problem must show. The node's
+    other processes then wait a little before they exit: torchrun stops every process as soon as the first
+    one ends, and the first process of the node, if it found the problem too, must have printed it by then.
     """
     if os.environ.get("LOCAL_RANK", "0") == "0":
         print(f"error: {message}", file=sys.stderr)
+    elif env_world_size() > 1:
+        time.sleep(ERROR_GRACE_SECONDS)
 
 
 def default_dataloader_workers() -> int:

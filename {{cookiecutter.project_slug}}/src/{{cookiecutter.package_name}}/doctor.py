@@ -132,11 +132,14 @@ def finish(results: list[Result], launch: Launch, group_works: bool = False) -> 
         totals = torch.tensor(counts, device=collective_device())
         dist.all_reduce(totals)  # also keeps every rank alive until all have printed their lines
         counts = totals.tolist()
-    cleanup_distributed()
     failed, warned = counts
     if launch.rank == 0:
         verdict = "fix the FAIL lines before training" if failed else "ready to train"
         print(f"doctor: {failed} failed, {warned} warning(s): {verdict}", flush=True)
+    if group_works:
+        # torchrun stops every rank once one has exited with a failure: none leaves before rank 0 has printed.
+        dist.barrier()
+    cleanup_distributed()
     raise SystemExit(1 if failed else 0)
 
 

@@ -9,19 +9,20 @@ import logging
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import (
-    AutoConfig,
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
-from transformers.pytorch_utils import Conv1D
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from .config import ConfigError, ModelArguments, check_local_path, model_not_found
 from .data import Task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+# transformers' model classes (AutoModelForSequenceClassification, Conv1D) are imported where a model is
+# built: the preflight, which builds none unless LoRA or gradient checkpointing asks for one, then starts
+# without them (some 2 s of the one process it runs before torchrun).
 
 ADAPTER_CONFIG = "adapter_config.json"  # peft's: a folder holding it holds a LoRA adapter
 logger = logging.getLogger(__name__)
@@ -90,6 +91,8 @@ def load_model(model_args: ModelArguments, task: Task,
             config.pad_token_id = tokenizer.pad_token_id
         if getattr(config, "use_cache", None):
             config.use_cache = False  # a classifier never generates: no key/value cache to build
+        from transformers import AutoModelForSequenceClassification
+
         model = AutoModelForSequenceClassification.from_pretrained(
             name,
             config=config,
@@ -133,6 +136,8 @@ def head_modules(model: PreTrainedModel) -> list[str]:
 def lora_targets(model: PreTrainedModel, target_modules: str) -> list[str]:
     """The full names of the body's linear layers that get adapters: every one for "all-linear", else
     those whose own name is in the comma-separated list (e.g. q_proj,v_proj). The head is never one."""
+    from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
+
     body = model.base_model_prefix
     linear = {f"{body}.{name}": name.rpartition(".")[2] for name, module in model.get_submodule(body).named_modules()
               if isinstance(module, (torch.nn.Linear, Conv1D))}
@@ -154,6 +159,7 @@ def wrap_with_lora(model: PreTrainedModel, model_args: ModelArguments) -> torch.
     """Freeze the model, add trainable low-rank adapters to its body's linear layers and train its head in
     full (peft's modules_to_save: a trainable copy, saved with the adapter)."""
     from peft import LoraConfig, TaskType, get_peft_model
+    from transformers.pytorch_utils import Conv1D
 
     targets = lora_targets(model, model_args.lora_target_modules)
     lora_config = LoraConfig(
@@ -239,6 +245,8 @@ def check_model_settings(model_args: ModelArguments, gradient_checkpointing: boo
                                             trust_remote_code=model_args.trust_remote_code)
     except (OSError, ValueError) as err:
         raise model_not_found(name, type(err).__name__) from None
+    from transformers import AutoModelForSequenceClassification
+
     with torch.device("meta"):
         model = AutoModelForSequenceClassification.from_config(config, trust_remote_code=model_args.trust_remote_code)
     if model_args.lora_r > 0:
