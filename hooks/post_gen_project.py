@@ -79,8 +79,10 @@ KEPT_ONLY_WHEN = {
         "tests/slurm_cluster.py",
         "tests/test_slurm_cluster.py",
         "tests/test_slurm.py",
+        "tests/slow_steps.py",
     ),
     ("include_kubernetes", True): ("Dockerfile", ".dockerignore", "k8s/trainjob.yaml"),
+    ("training_loop", "trainer"): ("tests/slow_steps.py",),  # and only with SLURM (above): the time-limit test's
 }
 
 
@@ -98,7 +100,7 @@ def chosen_file_moves(answers: Mapping[str, object]) -> tuple[dict[str, str], li
     for (variable, value), patterns in KEPT_ONLY_WHEN.items():
         if answers[variable] != value:
             deletions += [pattern.format(package=answers["package_name"]) for pattern in patterns]
-    return renames, deletions
+    return renames, list(dict.fromkeys(deletions))  # a file kept under two conditions is deleted once
 
 
 def keep_chosen_files(project: Path, answers: Mapping[str, object]) -> None:

@@ -187,6 +187,8 @@ SLURM_SCRIPT = "scripts/train_slurm.sbatch"
 # The script, its log folder, and its tests under a real SLURM (tests/slurm_cluster.py starts one).
 SLURM_ONLY_FILES = {SLURM_SCRIPT, "logs/.gitkeep", "tests/slurm_cluster.py", "tests/test_slurm_cluster.py",
                     "tests/test_slurm.py"}
+# The real time-limit test's helper: that test runs in Trainer projects only.
+TRAINER_SLURM_ONLY_FILES = {"tests/slow_steps.py"}
 KUBERNETES_ONLY_FILES = {"Dockerfile", ".dockerignore", "k8s/trainjob.yaml"}
 LAUNCHERS = {"scripts/train_single_node.sh", "scripts/train_multi_node.sh"}
 
@@ -197,6 +199,8 @@ def expected_files(combo: Combination) -> set[str]:
         files |= NATIVE_ONLY_FILES
     if combo.include_slurm:
         files |= SLURM_ONLY_FILES
+        if combo.training_loop == "trainer":
+            files |= TRAINER_SLURM_ONLY_FILES
     if combo.include_kubernetes:
         files |= KUBERNETES_ONLY_FILES
     return files

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import IS_NATIVE, REPO_ROOT, TRAIN_SIZE, run_env, smoke_flags
+from conftest import IS_NATIVE, PACKAGE, REPO_ROOT, TRAIN_SIZE, run_env, smoke_flags, torchrun
 from safetensors.torch import load_file
 from slurm_cluster import SlurmCluster, require_netns, require_slurm
 
@@ -130,9 +130,10 @@ STOPS = {"batch signal": stop_by_batch_signal, "time limit": stop_by_time_limit,
 
 
 def run_stopped(cluster: SlurmCluster, folder: Path, assets: Path, nodes: int, stop: Callable,
-                flags: list[str] = FLAGS) -> Job:
+                flags: list[str] = FLAGS, **env: str) -> Job:
     """A job stopped once it wrote its first checkpoint, requeued, started again by SLURM, and finished."""
-    job = Job(cluster, folder, nodes, [*smoke_flags(assets, folder / "out"), *flags], sbatch=("--cpus-per-task=2",))
+    job = Job(cluster, folder, nodes, [*smoke_flags(assets, folder / "out"), *flags], sbatch=("--cpus-per-task=2",),
+              **env)
     first = f"checkpoint-{STEPS // EPOCHS}"
     deadline = time.monotonic() + 240
     while not (job.output_dir / first).is_dir():
@@ -169,29 +170,31 @@ STOP_CASES = [("batch signal", 1), ("scontrol requeue", 1), ("batch signal", 2),
 def test_a_stopped_job_saves_is_requeued_once_resumes_there_and_ends_with_the_undisturbed_weights(
     stopped, reference: Job, how: str, nodes: int
 ) -> None:
-    check_stopped_run(stopped(how, nodes), reference, how, nodes, STEPS)
+    check_stopped_run(stopped(how, nodes), reference.output_dir, how, nodes, STEPS)
 
 
-# SLURM's own time limit signals up to 30 s after it is due, so its run must train for longer than that
-# after its first checkpoint, also on a fast machine (48 epochs took 28 s on 2 idle cores, and ended
-# first): it has a reference of its own. It costs some four minutes, so it runs in the Trainer project (the
-# default loop) alone; the path it adds (SLURM signalling the batch shell before the limit) is the loop's
-# business nowhere.
-LONG_EPOCHS = 160
+# SLURM's own time limit signals up to 30 s after it is due, so its job must still train then: 20 epochs with
+# a pause of STEP_PAUSE s after each step (tests/slow_steps.py) last over a minute on any machine, with the
+# CPU left to the other tests. The undisturbed reference trains the same steps without the pauses, which
+# change nothing it computes (warm: tests/conftest.py's torchrun). It costs a minute and a half, so it runs in
+# the Trainer project (the default loop) alone; the path it adds (SLURM signalling the batch shell before the
+# limit) is the loop's business nowhere.
+LONG_EPOCHS = 20
 LONG_FLAGS = [*FLAGS, "--num_train_epochs", str(LONG_EPOCHS), "--save_total_limit", "1"]
+STEP_PAUSE = 0.4
 if not IS_NATIVE:
 
     def test_a_real_time_limit_stops_saves_requeues_and_resumes_with_the_undisturbed_weights(
         cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path
     ) -> None:
-        reference = Job(cluster, tmp_path / "reference", 1, [*smoke_flags(smoke_assets, tmp_path / "reference" / "out"),
-                                                              *LONG_FLAGS])
-        reference.wait_for({"COMPLETED"})
-        job = run_stopped(cluster, tmp_path / "limited", smoke_assets, 1, stop_by_time_limit, LONG_FLAGS)
+        reference = tmp_path / "reference"
+        torchrun(["-m", f"{PACKAGE}.train", *smoke_flags(smoke_assets, reference), *LONG_FLAGS])
+        job = run_stopped(cluster, tmp_path / "limited", smoke_assets, 1, stop_by_time_limit, LONG_FLAGS,
+                          MODULE="slow_steps", STEP_PAUSE=str(STEP_PAUSE), PYTHONPATH=str(REPO_ROOT / "tests"))
         check_stopped_run(job, reference, "time limit", 1, LONG_EPOCHS * STEPS // EPOCHS)
 
 
-def check_stopped_run(job: Job, reference: Job, how: str, nodes: int, steps: int) -> None:
+def check_stopped_run(job: Job, reference: Path, how: str, nodes: int, steps: int) -> None:
     log = job.text()
     assert job.info["JobState"] == "COMPLETED" and job.info["Restarts"] == "1"
     assert [int(n) for n in re.findall(r"^=== job \d+, attempt (\d+)", log, re.MULTILINE)] == [1, 2]
@@ -205,7 +208,7 @@ def check_stopped_run(job: Job, reference: Job, how: str, nodes: int, steps: int
     assert "Traceback" not in log and "DataLoader worker" not in log, log[-3000:]
     who = "SLURM requeues job" if how == "scontrol requeue" else f"job {job.id} requeued after attempt 1"
     assert who in log
-    difference = assert_same_weights(job.output_dir, reference.output_dir)
+    difference = assert_same_weights(job.output_dir, reference)
     print(f"{how}, {nodes} node(s): signal to exit {job.stop_seconds:.1f} s, saved step {saved[0]}, "
           f"resumed at {saved[0]}, max weight difference {difference:g}")
 
