@@ -30,7 +30,7 @@ from accelerate.state import AcceleratorState
 from datasets import Dataset, DatasetDict, Features
 
 # What the launches of the tests give their processes (run_env), for this process too: the warm launches
-# are forks of it (warm_run), and a tokenizer or an OpenMP pool that ran threads here would not survive one.
+# are forks of it (warm_start), and a tokenizer or an OpenMP pool that ran threads here would not survive one.
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 torch.set_num_threads(1)
 
@@ -145,15 +145,19 @@ def start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
     )
 
 
+def kill_tree(pid: int) -> None:
+    """Kill a command started in a session of its own, and every process under it. torchrun starts its
+    workers in sessions of their own: killing the session alone would leave them, holding the pipes open."""
+    for child in psutil.Process(pid).children(recursive=True):
+        child.kill()
+    os.killpg(pid, signal.SIGKILL)
+
+
 def finish(process: subprocess.Popen, timeout: int = 300) -> subprocess.CompletedProcess:
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        # torchrun starts its workers in sessions of their own: kill the whole tree, or they would
-        # keep the pipes open and communicate() would wait for ever.
-        for child in psutil.Process(process.pid).children(recursive=True):
-            child.kill()
-        os.killpg(process.pid, signal.SIGKILL)
+        kill_tree(process.pid)
         stdout, stderr = process.communicate()
         pytest.fail(f"{process.args[:4]} timed out after {timeout}s:\n{stdout[-3000:]}\n{stderr[-3000:]}")
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
@@ -270,9 +274,7 @@ class WarmProcess:
         deadline = time.monotonic() + timeout
         while self.poll() is None:
             if time.monotonic() > deadline:
-                for child in psutil.Process(self.pid).children(recursive=True):
-                    child.kill()
-                os.killpg(self.pid, signal.SIGKILL)
+                kill_tree(self.pid)
                 os.waitpid(self.pid, 0)
                 pytest.fail(f"{self.args} timed out after {timeout}s:\n{self.read(self.out)[-3000:]}\n"
                             f"{self.read(self.err)[-3000:]}")

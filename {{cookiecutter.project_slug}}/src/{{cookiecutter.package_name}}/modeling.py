@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 # transformers' model classes (AutoModelForSequenceClassification, Conv1D) are imported where a model is
 # built: the preflight, which builds none unless LoRA or gradient checkpointing asks for one, then starts
-# without them (some 2 s of the one process it runs before torchrun).
+# without importing them.
 
 ADAPTER_CONFIG = "adapter_config.json"  # peft's: a folder holding it holds a LoRA adapter
 logger = logging.getLogger(__name__)
