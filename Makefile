@@ -31,14 +31,15 @@ smoke: $(BIN)/.installed
 	cd $(SMOKE_DIR)/text-classifier && NPROC_PER_NODE=2 scripts/train_single_node.sh configs/smoke.yaml --disable_tqdm true
 	cat $(SMOKE_DIR)/text-classifier/outputs/smoke/metrics.json
 
-# The fast tests on 2 pytest-xdist workers, then each generated project's own suite, one at a time (each
+# The template's own tests on 2 pytest-xdist workers (each module, or test class, on one: a class of
+# tests/test_fault_matrix.py shares one render's runs), then each generated project's own suite, one at a time (each
 # runs its SLURM tests, and one SLURM cluster at a time fits on this host).
 test: lint
-	$(BIN)/python -m pytest -n 2 tests -m "not rendered_suite"
+	$(BIN)/python -m pytest -n 2 --dist loadscope tests -m "not rendered_suite"
 	$(BIN)/python -m pytest tests -m rendered_suite
 
 test-fast: $(BIN)/.installed
-	$(BIN)/python -m pytest -n 2 tests -m "not rendered_suite"
+	$(BIN)/python -m pytest -n 2 --dist loadscope tests -m "not rendered_suite"
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check hooks tests bench

@@ -117,3 +117,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "rendered_suite: runs a rendered project's own test suite (real torchrun,"
         " minutes); leave out with -m 'not rendered_suite'",
     )
+    config.addinivalue_line(
+        "markers",
+        "launches: runs a render's launch scripts with real torchrun (minutes); each test class holds one"
+        " render's runs, for pytest-xdist's --dist loadscope",
+    )

@@ -6,10 +6,16 @@ No torchrun and no GPU: CUDA queries, process groups and the CPU count are patch
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import subprocess
+import time
 
+import psutil
 import pytest
 import torch
 from conftest import names_from, package_module
+from torch.utils.data import DataLoader
 
 ConfigError = names_from("config", "ConfigError")
 distributed = package_module("distributed")
@@ -195,3 +201,22 @@ def test_loader_workers_follow_the_machine_unless_set(monkeypatch: pytest.Monkey
     data = ["--model_name_or_path", "m", "--train_file", "t.csv", "--output_dir", "out", "--use_cpu", "true"]
     assert parse_args(training_args, data)[2].dataloader_num_workers == 2
     assert parse_args(training_args, [*data, "--dataloader_num_workers", "0"])[2].dataloader_num_workers == 0
+
+
+def test_a_loader_worker_ignores_anyone_elses_sigterm_and_ends_on_its_parents() -> None:
+    # A scheduler's SIGTERM to every process must not kill loader workers before the rank saves; their
+    # rank's SIGTERM (multiprocessing's at exit, after any error) must end them, or the rank waits forever.
+    before = {child.pid for child in psutil.Process().children()}
+    batches = iter(DataLoader(range(8), batch_size=1, num_workers=1, worker_init_fn=distributed.keep_through_sigterm()))
+    assert next(batches).tolist() == [0]  # the worker has run its worker_init_fn
+    (worker,) = [child for child in psutil.Process().children() if child.pid not in before]
+    subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)  # from another process, as SLURM sends it
+    time.sleep(0.5)
+    assert worker.status() != psutil.STATUS_ZOMBIE
+    assert next(batches).tolist() == [1]
+    os.kill(worker.pid, signal.SIGTERM)  # from its parent
+    deadline = time.monotonic() + 5
+    while worker.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert worker.status() == psutil.STATUS_ZOMBIE, "the worker ignored its parent's SIGTERM"
+    del batches

@@ -133,3 +133,14 @@ def test_trainer_does_not_let_the_model_scale_the_loss_by_items_in_batch(smoke_a
     trainer = train.build_trainer(*config.parse_args(TrainingArguments, flags))
     assert trainer.model.accepts_loss_kwargs is False
     assert trainer.model_accepts_loss_kwargs is False
+
+
+def test_the_trainers_loader_workers_start_with_the_projects_sigterm_handling(smoke_assets: Path,
+                                                                            tmp_path: Path) -> None:
+    # accelerate wraps the DataLoader that starts the workers: a worker_init_fn set on the wrapper never runs.
+    flags = [*smoke_flags(smoke_assets, tmp_path / "out"), "--cache_dir", str(tmp_path / "cache"),
+             "--dataloader_num_workers", "1"]
+    trainer = train.build_trainer(*config.parse_args(TrainingArguments, flags))
+    for loader in (trainer.get_train_dataloader(), trainer.get_eval_dataloader()):
+        worker_init_fn = loader.base_dataloader.worker_init_fn
+        assert worker_init_fn.func is package_module("distributed")._end_on_parent_sigterm_then

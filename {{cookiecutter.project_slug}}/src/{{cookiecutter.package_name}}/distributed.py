@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -353,7 +354,7 @@ _forks_hold_sigterm = False
 
 def fork_loader_workers_immune_to_sigterm() -> None:
     """From now on every process this one forks (the loader workers of each epoch) starts with SIGTERM
-    blocked, and its worker_init_fn (keep_through_sigterm) then ignores it.
+    blocked, and its worker_init_fn (keep_through_sigterm) keeps it blocked, ending only on its parent's.
 
     SLURM signals every process of a job step. A loader worker forked just then would die of it before
     its worker_init_fn runs (PyTorch's workers die of a SIGTERM that does not come from their parent),
@@ -396,20 +397,33 @@ class StopRequest:
 
 
 def keep_through_sigterm(worker_init_fn: Callable[[int], None] | None = None) -> Callable[[int], None]:
-    """A DataLoader worker_init_fn: the loader worker ignores SIGTERM, then runs worker_init_fn.
+    """A DataLoader worker_init_fn: the loader worker ends on its parent's SIGTERM and ignores anyone else's,
+    then runs worker_init_fn.
 
     SLURM signals every process of a job step, loader workers too, and PyTorch's workers die of a
     SIGTERM that does not come from their parent: the run would end with "DataLoader worker is killed
-    by signal: Terminated" before it saves. Ignoring it, a worker still ends with its parent: the
-    DataLoader shuts it down, or it sees its parent gone. (See also fork_loader_workers_immune_to_sigterm.)
+    by signal: Terminated" before it saves. Their parent's SIGTERM must still end them: at exit, and after
+    any error (a peer's death, a bug in a step), multiprocessing stops its loader workers with SIGTERM and
+    waits for them, and a worker that ignored it would keep its rank alive forever, and torchrun from
+    restarting it. A worker also ends when its parent is gone (PyTorch's own check, every 5 s).
     """
-    return functools.partial(_ignore_sigterm_then, worker_init_fn)
+    return functools.partial(_end_on_parent_sigterm_then, worker_init_fn)
 
 
-def _ignore_sigterm_then(worker_init_fn: Callable[[int], None] | None, worker_id: int) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+def _end_on_parent_sigterm_then(worker_init_fn: Callable[[int], None] | None, worker_id: int) -> None:
+    # Blocked, SIGTERM waits for sigwaitinfo, which says who sent it (a signal handler would not). The
+    # worker was forked with it blocked (fork_loader_workers_immune_to_sigterm); a spawned one blocks it here.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=_exit_on_sigterm_from, args=(os.getppid(),), name="sigterm-from-parent",
+                     daemon=True).start()
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
+
+
+def _exit_on_sigterm_from(parent: int) -> None:
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+            os._exit(0)  # as PyTorch's own handler does for its parent's SIGTERM
 
 
 def cleanup_distributed() -> None:

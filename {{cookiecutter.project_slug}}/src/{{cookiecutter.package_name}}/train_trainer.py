@@ -231,20 +231,24 @@ class EpochSeededLengthGroupedSampler(LengthGroupedSampler):
         return super().__iter__()
 
 
+def with_loader_workers_kept_through_sigterm(loader):
+    """The loader, its workers started with distributed.keep_through_sigterm. accelerate's prepared loader
+    wraps the DataLoader that starts them (base_dataloader): the worker_init_fn must be set on that one."""
+    inner = getattr(loader, "base_dataloader", loader)
+    inner.worker_init_fn = keep_through_sigterm(inner.worker_init_fn)
+    return loader
+
+
 class ClassificationTrainer(Trainer):
     # Private Trainer methods overridden below. Were one renamed upstream, the override would be dead code
     # and its fix silently gone; check_private_overrides stops the run instead.
     PRIVATE_OVERRIDES = ("_get_train_sampler", "_run_epoch")
 
     def get_train_dataloader(self):
-        loader = super().get_train_dataloader()
-        loader.worker_init_fn = keep_through_sigterm(loader.worker_init_fn)
-        return loader
+        return with_loader_workers_kept_through_sigterm(super().get_train_dataloader())
 
     def get_eval_dataloader(self, eval_dataset=None):
-        loader = super().get_eval_dataloader(eval_dataset)
-        loader.worker_init_fn = keep_through_sigterm(loader.worker_init_fn)
-        return loader
+        return with_loader_workers_kept_through_sigterm(super().get_eval_dataloader(eval_dataset))
 
     def _get_train_sampler(self, train_dataset=None):
         if self.args.train_sampling_strategy != "group_by_length":

@@ -1,0 +1,406 @@
+"""No rank ever hangs: every way a worker ends, the run's processes end, data loader workers and all, so that
+torchrun can recover.
+
+Against a render of each loop: real torchrun through the project's own launch scripts, 2 processes on gloo,
+2 data loader workers per rank. tests/runners/fault_inject.py runs the train module and faults one rank at
+its first optimizer step after a complete checkpoint (epoch 1 of 2). The cases:
+
+- a worker SIGKILLed: the group restarts (MAX_RESTARTS=1) and ends with the undisturbed weights;
+- a node lost under c10d (NNODES=1:2, one process a node, the whole launcher of one node SIGKILLed): the
+  survivor re-forms the job alone and resumes with the same global batch (native loop), or refuses the
+  other world size in one line (Trainer);
+- an exception in a step on one rank: every process ends, the run exits non-zero, the error shown once;
+- SIGTERM to every process of the run, as SLURM sends it: the ranks save, and the same command resumes to
+  the undisturbed weights.
+
+In every case no process of the run is left when its launcher exits, and the rank that lost its peer ends
+within FAULT_TO_EXIT_SECONDS. (Before loader workers ended on their parent's SIGTERM, such a rank joined
+its loader workers forever.) Each run's processes are found by a token in their environment, which
+every process under the launcher inherits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.launches
+
+RUNNERS = Path(__file__).resolve().parent / "runners"
+TRAIN_SIZE, EVAL_SIZE = 256, 101
+STEPS_PER_EPOCH = TRAIN_SIZE // (2 * 16)  # 2 ranks x the smoke config's 16 a device
+FLAGS = ["--num_train_epochs", "2", "--save_strategy", "epoch", "--dataloader_num_workers", "2",
+         "--disable_tqdm", "true"]
+TOKEN = "FAULT_MATRIX_RUN"
+# Seen here on 2 cores: a rank whose peer died ends 1-3 s after the fault, its loader workers with it. torchrun
+# SIGKILLs a worker 30 s after asking it to stop: a rank that needed that would show here.
+FAULT_TO_EXIT_SECONDS = 20
+# A restarted run repeats the uninterrupted run's operations exactly: 0 measured.
+RESTART_ATOL = 1e-6
+# On 1 process with 2 accumulation steps instead of 2 processes, sums run in another order (float32
+# rounding): the relative bound of the render's own world-size test.
+RESHAPED_RTOL = 1e-5
+LAUNCH_TIMEOUT = 300
+
+
+def run_pids(token: str) -> dict[int, str]:
+    """The live processes whose environment holds this run's token, with their command lines."""
+    marker = f"{TOKEN}={token}".encode()
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    return found
+
+
+def is_worker(command: str) -> bool:
+    """A rank or one of its loader workers (forks of it), not torchrun's agent, whose line names the module too."""
+    return "-m fault_inject" in command and "torchrun" not in command
+
+
+@dataclass
+class Watch:
+    """Every process of a run, polled each 0.1 s: when each was first and last seen alive."""
+
+    tokens: list[str]
+    first_seen: dict[int, float] = field(default_factory=dict)
+    last_seen: dict[int, float] = field(default_factory=dict)
+    commands: dict[int, str] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.thread = threading.Thread(target=self.poll, daemon=True)
+        self.thread.start()
+
+    def poll(self) -> None:
+        while not self.stop.is_set():
+            now = time.time()
+            for token in self.tokens:
+                for pid, command in run_pids(token).items():
+                    self.first_seen.setdefault(pid, now)
+                    self.last_seen[pid] = now
+                    self.commands[pid] = command
+            time.sleep(0.1)
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def workers_ended(self, fault_time: float) -> float:
+        """Seconds from the fault to the exit of the last worker (a rank or its loader workers) that was alive
+        at the fault; those of a restart start after it."""
+        ends = [self.last_seen[pid] for pid, command in self.commands.items()
+                if is_worker(command) and self.first_seen[pid] <= fault_time <= self.last_seen[pid] + 0.2]
+        assert ends, "no worker was seen alive at the fault"
+        return max(ends) - fault_time
+
+
+@dataclass
+class Run:
+    returncodes: list[int]
+    log: str
+    output_dir: Path
+    fault: dict | None
+    left: dict[int, str]  # processes of the run alive after its launchers exited
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class Project:
+    """A render, its smoke assets without dropout, and its launch scripts run as a user runs them."""
+
+    def __init__(self, root: Path, assets: Path) -> None:
+        self.root, self.assets = root, assets
+        self.package = next((root / "src").glob("*/__init__.py")).parent.name
+
+    def env(self, token: str, **extra: str) -> dict[str, str]:
+        env = {name: value for name, value in os.environ.items() if not name.startswith(("PYTEST", "FAULT"))}
+        env.update(PYTHONPATH=os.pathsep.join([str(self.root / "src"), str(RUNNERS)]), PYTHON=sys.executable,
+                   OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+                   FAULT_TRAIN_MODULE=f"{self.package}.train", **{TOKEN: token}, **extra)
+        return env
+
+    def flags(self, output_dir: Path) -> list[str]:
+        return ["configs/smoke.yaml", "--model_name_or_path", str(self.assets / "tiny-bert"),
+                "--train_file", str(self.assets / "train.jsonl"),
+                "--validation_file", str(self.assets / "validation.jsonl"), "--output_dir", str(output_dir), *FLAGS]
+
+    def start(self, script: str, output_dir: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
+        with log.open("w") as out:
+            return subprocess.Popen([str(self.root / "scripts" / script), *self.flags(output_dir)], cwd=self.root,
+                                    env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def fault_env(self, folder: Path, output_dir: Path, fault: str, rank: int | None, **extra: str) -> dict:
+        env = dict(FAULT=fault, FAULT_MARKER=str(folder / "fault.json"), FAULT_OUTPUT_DIR=str(output_dir),
+                   MODULE="fault_inject", **extra)
+        if rank is not None:
+            env["FAULT_RANK"] = str(rank)
+        return env
+
+
+def wait(processes: list[subprocess.Popen], tokens: list[str]) -> list[int]:
+    """The launchers' exit statuses; on a timeout, every process of the run is killed and the test fails."""
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    try:
+        return [process.wait(timeout=max(1.0, deadline - time.monotonic())) for process in processes]
+    except subprocess.TimeoutExpired:
+        kill_all(tokens)
+        for process in processes:
+            process.wait()
+        pytest.fail(f"the run did not end within {LAUNCH_TIMEOUT} s")
+
+
+def kill_all(tokens: list[str]) -> None:
+    for token in tokens:
+        for pid in run_pids(token):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def read_fault(folder: Path) -> dict | None:
+    marker = folder / "fault.json"
+    return json.loads(marker.read_text()) if marker.exists() else None
+
+
+def wait_for_fault(folder: Path, processes: list[subprocess.Popen], tokens: list[str]) -> dict:
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    while (fault := read_fault(folder)) is None:
+        if time.monotonic() > deadline or all(process.poll() is not None for process in processes):
+            kill_all(tokens)
+            pytest.fail(f"no rank reached the fault: {[(folder / 'node0.log').read_text()[-3000:]]}")
+        time.sleep(0.05)
+    return fault
+
+
+def launch(project: Project, folder: Path, script: str, env: dict[str, str]) -> Run:
+    """One launcher on this host, run to its end."""
+    token, output_dir, started = uuid.uuid4().hex, folder / "output", time.time()
+    watch = Watch([token])
+    process = project.start(script, output_dir, project.env(token, **env), folder / "node0.log")
+    returncodes = wait([process], [token])
+    watch.finish()
+    fault = read_fault(folder)
+    run = Run(returncodes, (folder / "node0.log").read_text(), output_dir, fault, run_pids(token))
+    if fault is not None and fault["time"] > started:  # not an earlier run's
+        run.seconds["fault_to_exit"] = watch.workers_ended(fault["time"])
+    return run
+
+
+def largest_difference(expected: Path, actual: Path, relative: bool = False) -> float:
+    expected_weights, actual_weights = load_file(expected), load_file(actual)
+    assert expected_weights.keys() == actual_weights.keys()
+    worst = 0.0
+    for name, tensor in expected_weights.items():
+        difference = (tensor - actual_weights[name]).abs().max()
+        worst = max(worst, float(difference / tensor.abs().max() if relative else difference))
+    return worst
+
+
+def resumed_from(log: str) -> list[str]:
+    """The checkpoints the log says the run resumed from (both loops' lines)."""
+    return [Path(path).name for path in re.findall(r"resum(?:ed|ing) from (?:checkpoint )?(\S+)", log)]
+
+
+class FaultMatrix:
+    loop: str
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def project(cls, render, tmp_path_factory: pytest.TempPathFactory) -> Project:
+        root = render(tmp_path_factory.mktemp(f"render_{cls.loop}"), {"training_loop": cls.loop,
+                                                                        "include_slurm": False})
+        assets = tmp_path_factory.mktemp("assets")
+        package = next((root / "src").glob("*/__init__.py")).parent.name
+        subprocess.run([sys.executable, "-c", f"from {package}.smoke import make_smoke_assets; "
+                        f"make_smoke_assets({str(assets)!r}, train_size={TRAIN_SIZE}, eval_size={EVAL_SIZE})"],
+                       env={**os.environ, "PYTHONPATH": str(root / "src"), "HF_HUB_OFFLINE": "1"}, check=True)
+        # No dropout: a run resumed on another world size then differs from the reference only in rounding.
+        config_path = assets / "tiny-bert" / "config.json"
+        config = json.loads(config_path.read_text())
+        config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout=0.0)
+        config_path.write_text(json.dumps(config))
+        return Project(root, assets)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def undisturbed(cls, project: Project, tmp_path_factory: pytest.TempPathFactory) -> Run:
+        return launch(project, tmp_path_factory.mktemp("undisturbed"), "train_single_node.sh",
+                      {"NPROC_PER_NODE": "2"})
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def killed_worker(cls, project: Project, tmp_path_factory: pytest.TempPathFactory) -> Run:
+        folder = tmp_path_factory.mktemp("killed_worker")
+        return launch(project, folder, "train_single_node.sh", {
+            "NPROC_PER_NODE": "2", "MAX_RESTARTS": "1",
+            **project.fault_env(folder, folder / "output", "kill", rank=1)})
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def raised(cls, project: Project, tmp_path_factory: pytest.TempPathFactory) -> Run:
+        folder = tmp_path_factory.mktemp("raised")
+        return launch(project, folder, "train_single_node.sh", {
+            "NPROC_PER_NODE": "2", **project.fault_env(folder, folder / "output", "raise", rank=1)})
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def lost_node(cls, project: Project, tmp_path_factory: pytest.TempPathFactory) -> Run:
+        """Two nodes of one process on this host under c10d (NNODES=1:2). Node 1's rank holds at the fault;
+        then node 1's launcher and everything under it are SIGKILLed, as when a machine dies."""
+        folder = tmp_path_factory.mktemp("lost_node")
+        output_dir, tokens = folder / "output", [uuid.uuid4().hex, uuid.uuid4().hex]
+        port = free_port()
+        common = {"NNODES": "1:2", "NPROC_PER_NODE": "1", "MAX_RESTARTS": "1", "MASTER_ADDR": "127.0.0.1",
+                  "MASTER_PORT": str(port), "RDZV_BACKEND": "c10d", "MODULE": "fault_inject"}
+        faulty = project.fault_env(folder, output_dir, "hold", rank=None)  # node 1's one rank, whichever it is
+        watch = Watch(tokens)
+        nodes = [project.start("train_multi_node.sh", output_dir,
+                               project.env(tokens[rank], NODE_RANK=str(rank), **{**common, **(faulty if rank else {})}),
+                               folder / f"node{rank}.log") for rank in (0, 1)]
+        fault = wait_for_fault(folder, nodes, tokens)
+        killed_at = time.time()
+        kill_all(tokens[1:])
+        survivor = wait(nodes[:1], tokens)
+        nodes[1].wait()
+        watch.finish()
+        run = Run([*survivor, nodes[1].returncode], (folder / "node0.log").read_text(), output_dir, fault,
+                  {**run_pids(tokens[0]), **run_pids(tokens[1])})
+        run.seconds["fault_to_exit"] = watch.workers_ended(killed_at)
+        return run
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def stopped(cls, project: Project, tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Run]:
+        """SIGTERM to every process of the run (its loader workers too) while rank 1 holds mid-epoch, as
+        SLURM signals a job step; then the same command again."""
+        folder = tmp_path_factory.mktemp("stopped")
+        output_dir, token = folder / "output", uuid.uuid4().hex
+        env = {"NPROC_PER_NODE": "2", **project.fault_env(folder, output_dir, "hold", rank=1)}
+        watch = Watch([token])
+        process = project.start("train_single_node.sh", output_dir, project.env(token, **env), folder / "node0.log")
+        fault = wait_for_fault(folder, [process], [token])
+        signalled = run_pids(token)
+        for pid in signalled:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        signal_time = time.time()
+        Path(f"{folder / 'fault.json'}.release").touch()
+        returncodes = wait([process], [token])
+        watch.finish()
+        run = Run(returncodes, (folder / "node0.log").read_text(), output_dir, fault, run_pids(token))
+        run.seconds["signal_to_exit"] = time.time() - signal_time
+        run.seconds["workers_signalled"] = sum(is_worker(command) for command in signalled.values())
+        resumed = launch(project, folder, "train_single_node.sh", env)  # the marker exists: no second fault
+        return run, resumed
+
+    # ---- a worker killed -------------------------------------------------------------------------
+
+    def test_a_killed_worker_is_restarted_and_the_job_ends_with_the_undisturbed_weights(
+            self, killed_worker: Run, undisturbed: Run) -> None:
+        assert killed_worker.fault is not None, "no worker was killed: the test proves nothing"
+        assert killed_worker.returncodes == [0], killed_worker.log[-4000:]
+        assert resumed_from(killed_worker.log) == [f"checkpoint-{STEPS_PER_EPOCH}"], killed_worker.log[-4000:]
+        worst = largest_difference(undisturbed.output_dir / "model.safetensors",
+                                   killed_worker.output_dir / "model.safetensors")
+        assert worst <= RESTART_ATOL, f"largest weight difference {worst:.3g}"
+        assert killed_worker.seconds["fault_to_exit"] <= FAULT_TO_EXIT_SECONDS, killed_worker.seconds
+
+    # ---- a node lost -----------------------------------------------------------------------------
+
+    def test_a_lost_node_leaves_no_rank_waiting_for_it(self, lost_node: Run) -> None:
+        assert lost_node.fault is not None, "no node was lost: the test proves nothing"
+        assert "Connection closed by peer" in lost_node.log or "Connection reset by peer" in lost_node.log, \
+            lost_node.log[-4000:]
+        assert lost_node.seconds["fault_to_exit"] <= FAULT_TO_EXIT_SECONDS, lost_node.seconds
+
+    # ---- an exception in a step ------------------------------------------------------------------
+
+    def test_an_exception_in_a_step_ends_the_run_with_the_error_shown_once(self, raised: Run) -> None:
+        assert raised.fault is not None, "no exception was raised: the test proves nothing"
+        assert raised.returncodes[0] != 0
+        assert raised.log.count("InjectedFault: fault injected into rank 1") == 1, raised.log[-4000:]
+        assert raised.seconds["fault_to_exit"] <= FAULT_TO_EXIT_SECONDS, raised.seconds
+
+    # ---- SIGTERM ---------------------------------------------------------------------------------
+
+    def test_sigterm_to_every_process_saves_and_the_same_command_resumes_to_the_undisturbed_weights(
+            self, stopped: tuple[Run, Run], undisturbed: Run) -> None:
+        run, resumed = stopped
+        assert run.seconds["workers_signalled"] == 6, "not 2 ranks and their 4 loader workers: nothing shown"
+        assert run.returncodes == [128 + signal.SIGTERM], run.log[-4000:]
+        assert "all 2 worker(s) here saved the step they reached" in run.log, run.log[-4000:]
+        assert resumed.returncodes == [0], resumed.log[-4000:]
+        assert resumed_from(resumed.log) == [f"checkpoint-{STEPS_PER_EPOCH + 1}"], resumed.log[-4000:]
+        worst = largest_difference(undisturbed.output_dir / "model.safetensors",
+                                   resumed.output_dir / "model.safetensors")
+        assert worst <= RESTART_ATOL, f"largest weight difference {worst:.3g}"
+
+    def test_the_figures_of_each_case(self, request: pytest.FixtureRequest, undisturbed: Run) -> None:
+        """With FAULT_MATRIX_FIGURES=FILE, one JSON line a case: its times and its weights against the reference."""
+        figures = os.environ.get("FAULT_MATRIX_FIGURES")
+        if not figures:
+            pytest.skip("FAULT_MATRIX_FIGURES is not set")
+        reference = undisturbed.output_dir / "model.safetensors"
+        with open(figures, "a") as out:
+            for case in ("killed_worker", "lost_node", "raised", "stopped"):
+                runs = request.getfixturevalue(case)
+                run = runs[-1] if isinstance(runs, tuple) else runs
+                weights = run.output_dir / "model.safetensors"
+                out.write(json.dumps({
+                    "loop": self.loop, "case": case, "returncodes": run.returncodes,
+                    "seconds": {key: round(value, 2) for key, value in
+                                (runs[0].seconds if isinstance(runs, tuple) else run.seconds).items()},
+                    "largest_weight_difference": largest_difference(reference, weights) if weights.exists() else None,
+                }) + "\n")
+
+    # ---- nothing left ----------------------------------------------------------------------------
+
+    @pytest.mark.parametrize("case", ["undisturbed", "killed_worker", "lost_node", "raised", "stopped"])
+    def test_no_process_of_the_run_outlives_its_launcher(self, case: str, request: pytest.FixtureRequest) -> None:
+        runs = request.getfixturevalue(case)
+        for run in runs if isinstance(runs, tuple) else [runs]:
+            assert run.left == {}, run.left
+
+
+class TestNativeLoop(FaultMatrix):
+    loop = "native"
+
+    def test_the_survivor_of_a_lost_node_resumes_alone_with_the_same_global_batch(
+            self, lost_node: Run, undisturbed: Run) -> None:
+        assert lost_node.returncodes[0] == 0, lost_node.log[-4000:]
+        assert "resuming a run of 2 processes on 1: 2 accumulation steps keep its global batch of 32" \
+            in lost_node.log, lost_node.log[-4000:]
+        worst = largest_difference(undisturbed.output_dir / "model.safetensors",
+                                   lost_node.output_dir / "model.safetensors", relative=True)
+        assert worst <= RESHAPED_RTOL, f"largest relative weight difference {worst:.3g}"
+
+
+class TestTrainerLoop(FaultMatrix):
+    loop = "trainer"
+
+    def test_the_survivor_of_a_lost_node_refuses_the_other_world_size_in_one_line(self, lost_node: Run) -> None:
+        assert lost_node.returncodes[0] != 0, lost_node.log[-4000:]
+        refusals = [line for line in lost_node.log.splitlines() if line.startswith("error: ")]
+        assert refusals and "The Trainer resumes only the same split" in refusals[0], lost_node.log[-4000:]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
