@@ -73,10 +73,10 @@ def isolated_process(monkeypatch: pytest.MonkeyPatch):
     huggingface_hub reads HF_HUB_OFFLINE once, at import, so the constant itself is patched: a
     missing model path then fails at once instead of retrying the Hub for ~20 s.
 
-    In a Trainer project, parsing builds transformers' TrainingArguments, whose device setup fills
-    accelerate's process-wide PartialState. The tests cannot leak into each other through it
-    (transformers resets that state before every device setup), but the state would outlive the
-    module, so it is reset after each test.
+    Parsing leaves no state (training_args.py), but a Trainer's device setup, at the first use of
+    `args.device`, fills accelerate's process-wide PartialState. The tests cannot leak into each other
+    through it (transformers resets that state before every device setup), but the state would outlive
+    the module, so it is reset after each test.
     """
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_CPU"):

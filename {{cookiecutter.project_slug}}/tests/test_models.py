@@ -206,7 +206,7 @@ def test_gradient_checkpointing_with_ddps_unused_parameter_search_is_refused() -
         with pytest.raises(config.ConfigError, match="^--gradient_checkpointing with --ddp_find_unused_parameters "
                                                      "true fails in DDP"):
             config.parse_args(package_module("training_args").TrainingArguments, flags)
-    finally:  # a Trainer project's TrainingArguments fill accelerate's state while parsing
+    finally:  # no accelerate state outlives the test, should the Trainer's device setup have run
         AcceleratorState._reset_state(reset_partial_state=True)
 
 

@@ -1,7 +1,9 @@
 """Which examples each rank trains on, step by step: the samplers, the loaders and the batch plan.
 
 The native loop's data plumbing. Every rank draws the same shuffle (seed + epoch) and takes its own
-disjoint slice, so together the ranks see each example once per epoch.
+slice of it, so together the ranks see each example once per epoch. Where the examples do not divide
+among the ranks, the order is padded with repeats of its first ones (at most world size - 1), as in
+DistributedSampler, unless --dataloader_drop_last cuts it instead.
 """
 
 from __future__ import annotations

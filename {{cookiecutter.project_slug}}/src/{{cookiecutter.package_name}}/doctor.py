@@ -1,4 +1,4 @@
-"""Preflight checks before a (multi-node) run: one PASS, WARN, FAIL or SKIP line per check, exit 1 on a FAIL.
+"""Cluster checks before a (multi-node) run: one PASS, WARN, FAIL or SKIP line per check, exit 1 on a FAIL.
 
 Give it the CONFIG and flags you give train; it trains nothing. Alone, on each node before a job:
 
@@ -147,13 +147,13 @@ def finish(results: list[Result], launch: Launch, group_works: bool = False) -> 
 
 
 def read_settings(argv: list[str]) -> argparse.Namespace:
-    """output_dir, use_cpu, ddp_backend and ddp_timeout: the flags override CONFIG, CONFIG the loop's defaults.
+    """The flags of SETTINGS: the flags override CONFIG, CONFIG the loop's defaults.
 
     Also config_path, and config_problem: why CONFIG could not be read, or None.
     """
     parser = argparse.ArgumentParser(
         prog=f"python -m {__package__}.doctor", usage="%(prog)s [CONFIG] [--flag value ...]",
-        description=f"Preflight checks. Takes train's CONFIG and flags, and reads {', '.join(SETTINGS)}.",
+        description=f"Cluster checks before a run. Takes train's CONFIG and flags, and reads {', '.join(SETTINGS)}.",
         allow_abbrev=False)
     parser.add_argument("--output_dir")
     parser.add_argument("--use_cpu", type=string_to_bool, nargs="?", const=True)

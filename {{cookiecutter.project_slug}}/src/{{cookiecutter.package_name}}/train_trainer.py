@@ -269,7 +269,7 @@ def check_private_overrides(trainer_class: type[Trainer] = ClassificationTrainer
     if missing:
         raise ConfigError(
             f"transformers {transformers.__version__}: Trainer has no {', '.join(missing)}, which this project's "
-            f"{trainer_class.__name__} overrides (train_trainer.py); its fix would be skipped. Install the "
+            f"{trainer_class.__name__} overrides (train.py); its fix would be skipped. Install the "
             "transformers version pyproject.toml allows, or port the override"
         )
 
