@@ -76,13 +76,8 @@ KEPT_ONLY_WHEN = {
     ("include_slurm", True): (
         "scripts/train_slurm.sbatch",
         "logs/.gitkeep",
-        "tests/slurm_cluster.py",
-        "tests/test_slurm_cluster.py",
-        "tests/test_slurm.py",
-        "tests/slow_steps.py",
     ),
     ("include_kubernetes", True): ("Dockerfile", ".dockerignore", "k8s/trainjob.yaml"),
-    ("training_loop", "trainer"): ("tests/slow_steps.py",),  # and only with SLURM (above): the time-limit test's
 }
 
 

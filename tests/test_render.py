@@ -145,10 +145,7 @@ COMMON_FILES = {
     "tests/test_data.py",
     "tests/test_ddp.py",
     "tests/test_distributed.py",
-    "tests/simulated_gpu_node/nvidia-smi",
-    "tests/simulated_gpu_node/sitecustomize.py",
     "tests/test_doctor.py",
-    "tests/test_gpu_node.py",
     "tests/test_launch_end_to_end.py",
     "tests/test_metrics.py",
     "tests/test_modeling.py",
@@ -184,11 +181,8 @@ NATIVE_ONLY_FILES = {
     "tests/test_native_loop.py",
 }
 SLURM_SCRIPT = "scripts/train_slurm.sbatch"
-# The script, its log folder, and its tests under a real SLURM (tests/slurm_cluster.py starts one).
-SLURM_ONLY_FILES = {SLURM_SCRIPT, "logs/.gitkeep", "tests/slurm_cluster.py", "tests/test_slurm_cluster.py",
-                    "tests/test_slurm.py"}
-# The real time-limit test's helper: that test runs in Trainer projects only.
-TRAINER_SLURM_ONLY_FILES = {"tests/slow_steps.py"}
+# The script and its log folder (its tests under a real SLURM are the template's: tests/proofs/).
+SLURM_ONLY_FILES = {SLURM_SCRIPT, "logs/.gitkeep"}
 KUBERNETES_ONLY_FILES = {"Dockerfile", ".dockerignore", "k8s/trainjob.yaml"}
 LAUNCHERS = {"scripts/train_single_node.sh", "scripts/train_multi_node.sh"}
 
@@ -199,8 +193,6 @@ def expected_files(combo: Combination) -> set[str]:
         files |= NATIVE_ONLY_FILES
     if combo.include_slurm:
         files |= SLURM_ONLY_FILES
-        if combo.training_loop == "trainer":
-            files |= TRAINER_SLURM_ONLY_FILES
     if combo.include_kubernetes:
         files |= KUBERNETES_ONLY_FILES
     return files
@@ -297,13 +289,12 @@ def test_per_loop_files_are_the_chosen_loops_template_files(
 
 @pytest.mark.parametrize("combo", combination_params(SUPPORTED))
 def test_exactly_the_launch_scripts_are_executable_for_everyone(rendered, combo):
-    # scripts/_common.sh is sourced, never run: no run bits, like every other file. The tests' simulated
-    # GPU node has an nvidia-smi on PATH.
+    # scripts/_common.sh is sourced, never run: no run bits, like every other file.
     project = rendered(combo)
     run_bits = stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
     modes = {name: (project / name).stat().st_mode for name in relative_files(project)}
     executable = {name: mode & run_bits for name, mode in modes.items() if mode & run_bits}
-    launchers = LAUNCHERS | {"tests/simulated_gpu_node/nvidia-smi"} | ({SLURM_SCRIPT} if combo.include_slurm else set())
+    launchers = LAUNCHERS | ({SLURM_SCRIPT} if combo.include_slurm else set())
     assert executable == dict.fromkeys(launchers, run_bits)
 
 
@@ -625,32 +616,46 @@ def summary_counts(output: str) -> dict[str, int]:
     return counts
 
 
-# Tests of SLURM's own behaviour: the same files in every render, and they never import the package. The
-# first suite run proves them; the others leave them out rather than prove them again.
+# What proves the template beyond a render's own tests: a real SLURM (two nodes in network namespaces,
+# root) and a simulated node of 8 GPUs. They run inside a copy of a render, beside its own tests, whose
+# tests/conftest.py they use; no render ships them.
+PROOFS = TEMPLATE_DIR / "tests" / "proofs"
+SLURM_PROOFS = ["slurm_cluster.py", "test_slurm.py", "test_slurm_cluster.py", "slow_steps.py"]
+# Tests of SLURM's own behaviour, which never import the package: the first suite run proves them.
 LOOP_INDEPENDENT_TESTS = ["tests/test_slurm_cluster.py"]
 
 
-def test_loop_independent_tests_are_the_same_in_both_loops_and_reach_no_loop_code(rendered):
-    first, second = (rendered(combo) for combo in SUITE_RUNS)
-    assert {first.name, second.name} == {SLUG}
-    for name in [*LOOP_INDEPENDENT_TESTS, "tests/slurm_cluster.py"]:
-        text = (first / name).read_text(encoding="utf-8")
-        assert text == (second / name).read_text(encoding="utf-8"), name
+def test_loop_independent_proofs_reach_no_loop_code():
+    for name in ["test_slurm_cluster.py", "slurm_cluster.py"]:
+        text = (PROOFS / name).read_text(encoding="utf-8")
         assert not re.search(r"package_module|PACKAGE|IS_NATIVE|\btrain\b", text), name
+
+
+def add_proofs(project: Path, combo: Combination) -> None:
+    """The template's proofs, copied into a render's tests/ (the SLURM ones where it has the sbatch script)."""
+    for path in PROOFS.iterdir():
+        if path.name in SLURM_PROOFS and not combo.include_slurm:
+            continue
+        if path.is_dir():
+            shutil.copytree(path, project / "tests" / path.name)
+        else:
+            shutil.copy2(path, project / "tests" / path.name)
 
 
 @pytest.mark.rendered_suite
 @pytest.mark.parametrize("combo", combination_params(SUITE_RUNS))
-def test_rendered_repo_passes_its_own_test_suite(rendered, combo, tmp_path):
+def test_rendered_repo_passes_its_own_test_suite_and_the_template_proofs(rendered, combo, tmp_path):
     # A copy, so the run's caches and outputs never reach the shared render.
     project = Path(shutil.copytree(rendered(combo), tmp_path / SLUG))
+    add_proofs(project, combo)
     env = {
         name: value
         for name, value in os.environ.items()
         if name not in {"PYTHONPATH", "PYTEST_ADDOPTS", "PYTEST_PLUGINS", "MAKEFLAGS", "MFLAGS", "MAKELEVEL"}
     }
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    # What its README tells a user to run: make test-all (pytest-xdist workers, each module on one).
+    # What its README tells a user to run, make test-all (pytest-xdist workers, each module on one), which
+    # runs the proofs too.
     args = ["-q", "-x", "-p", "no:cacheprovider"]
     if combo != SUITE_RUNS[0]:
         args += [f"--ignore={name}" for name in LOOP_INDEPENDENT_TESTS]

@@ -310,7 +310,9 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "runs them too")
 
 
-SLURM_MODULES = ("tests/test_slurm.py", "tests/test_slurm_cluster.py")  # each starts a real SLURM cluster
+# The template this project came from runs its real-SLURM proofs inside a copy of it, with this file; each
+# of these modules starts a SLURM cluster. This project ships none of them.
+SLURM_MODULES = ("tests/test_slurm.py", "tests/test_slurm_cluster.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
