@@ -351,21 +351,22 @@ class FaultMatrix:
                                    resumed.output_dir / "model.safetensors")
         assert worst <= RESTART_ATOL, f"largest weight difference {worst:.3g}"
 
-    def test_the_figures_of_each_case(self, request: pytest.FixtureRequest, undisturbed: Run) -> None:
-        """With FAULT_MATRIX_FIGURES=FILE, one JSON line a case: its times and its weights against the reference."""
-        figures = os.environ.get("FAULT_MATRIX_FIGURES")
-        if not figures:
-            pytest.skip("FAULT_MATRIX_FIGURES is not set")
+    def test_each_case_reports_its_figures(self, request: pytest.FixtureRequest, undisturbed: Run,
+                                           tmp_path_factory: pytest.TempPathFactory) -> None:
+        """One JSON line a case, its times and its weights against the reference, in FAULT_MATRIX_FIGURES (a
+        file path), else in fault_matrix.jsonl in pytest's temporary folder."""
+        figures = Path(os.environ.get("FAULT_MATRIX_FIGURES") or tmp_path_factory.getbasetemp() / "fault_matrix.jsonl")
         reference = undisturbed.output_dir / "model.safetensors"
-        with open(figures, "a") as out:
+        with figures.open("a") as out:
             for case in ("killed_worker", "lost_node", "raised", "stopped"):
                 runs = request.getfixturevalue(case)
                 run = runs[-1] if isinstance(runs, tuple) else runs
+                seconds = (runs[0] if isinstance(runs, tuple) else run).seconds
+                assert seconds, f"{case}: no time was measured"
                 weights = run.output_dir / "model.safetensors"
                 out.write(json.dumps({
                     "loop": self.loop, "case": case, "returncodes": run.returncodes,
-                    "seconds": {key: round(value, 2) for key, value in
-                                (runs[0].seconds if isinstance(runs, tuple) else run.seconds).items()},
+                    "seconds": {key: round(value, 2) for key, value in seconds.items()},
                     "largest_weight_difference": largest_difference(reference, weights) if weights.exists() else None,
                 }) + "\n")
 

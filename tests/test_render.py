@@ -140,7 +140,6 @@ COMMON_FILES = {
     f"src/{PACKAGE}/torchrun.py",
     f"src/{PACKAGE}/tracking.py",
     "tests/conftest.py",
-    "tests/crash_once.py",
     "tests/test_config.py",
     "tests/test_data.py",
     "tests/test_ddp.py",
@@ -149,11 +148,8 @@ COMMON_FILES = {
     "tests/test_launch_end_to_end.py",
     "tests/test_metrics.py",
     "tests/test_modeling.py",
-    "tests/test_models.py",
-    "tests/test_preemption.py",
     "tests/test_preflight.py",
     "tests/test_preprocessing_workers.py",
-    "tests/test_restarts.py",
     "tests/test_results.py",
     "tests/test_scripts.py",
     "tests/test_settings.py",
@@ -162,7 +158,6 @@ COMMON_FILES = {
     "tests/test_torchrun.py",
     "tests/test_task_types.py",
     "tests/test_tracking.py",
-    "tests/test_warm_launch.py",
     "tests/run_module.py",
 }
 # Each is <name>_<loop>.py in the template; post-gen keeps the chosen loop's as <name>.py.

@@ -1,5 +1,5 @@
 """How `python -m <package>.torchrun` ends after a SIGTERM, from how its workers ended (no real launch:
-test_preemption.py and test_slurm.py stop real runs)."""
+the template's tests/proofs/test_preemption.py and test_slurm.py stop real runs)."""
 
 from __future__ import annotations
 
