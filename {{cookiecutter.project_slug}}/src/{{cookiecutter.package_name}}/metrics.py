@@ -55,24 +55,32 @@ def regression_metrics(predictions: np.ndarray, labels: np.ndarray) -> dict:
     }
 
 
+def per_class_figures(label_names: Sequence[str], hits: np.ndarray, predicted: np.ndarray,
+                      actual: np.ndarray) -> tuple[dict, float]:
+    """Each class's precision, recall, F1 and support from its counts, and the macro-F1 over the classes
+    that were predicted or present (a class absent from both does not count)."""
+    per_class, f1_scores = {}, []
+    for name, hit, guessed, present in zip(label_names, hits, predicted, actual, strict=True):
+        f1 = 2 * hit / (guessed + present) if guessed + present else 0.0
+        if guessed + present:
+            f1_scores.append(f1)
+        per_class[name] = {"precision": float(hit / guessed) if guessed else 0.0,
+                           "recall": float(hit / present) if present else 0.0, "f1": float(f1),
+                           "support": int(present)}
+    return per_class, float(np.mean(f1_scores)) if f1_scores else 0.0
+
+
 def multi_label_metrics(predictions: np.ndarray, labels: np.ndarray, label_names: Sequence[str]) -> dict:
     """Micro- and macro-F1, subset accuracy (every label of an example right) and per-label figures."""
     predictions = np.asarray(predictions).reshape(-1, len(label_names)).astype(bool)
     labels = np.asarray(labels).reshape(-1, len(label_names)).astype(bool)
     hits, predicted, actual = ((predictions & labels).sum(axis=0), predictions.sum(axis=0), labels.sum(axis=0))
-    per_class, f1_scores = {}, []
-    for index, name in enumerate(label_names):
-        f1 = 2 * hits[index] / (predicted[index] + actual[index]) if predicted[index] + actual[index] else 0.0
-        if predicted[index] + actual[index]:
-            f1_scores.append(f1)
-        per_class[name] = {"precision": float(hits[index] / predicted[index]) if predicted[index] else 0.0,
-                           "recall": float(hits[index] / actual[index]) if actual[index] else 0.0, "f1": float(f1),
-                           "support": int(actual[index])}
+    per_class, f1_macro = per_class_figures(label_names, hits, predicted, actual)
     total = predicted.sum() + actual.sum()
     return {
         "subset_accuracy": float((predictions == labels).all(axis=1).mean()) if len(labels) else 0.0,
         "f1_micro": float(2 * hits.sum() / total) if total else 0.0,
-        "f1_macro": float(np.mean(f1_scores)) if f1_scores else 0.0,
+        "f1_macro": f1_macro,
         "num_examples": len(labels),
         "per_class": per_class,
     }
@@ -87,17 +95,11 @@ def classification_metrics(predictions: np.ndarray, labels: np.ndarray, label_na
     predictions, labels = np.asarray(predictions).reshape(-1), np.asarray(labels).reshape(-1)
     confusion = np.zeros((len(label_names), len(label_names)), dtype=np.int64)
     np.add.at(confusion, (labels, predictions), 1)
-    per_class, f1_scores = {}, []
-    for index, name in enumerate(label_names):
-        hits, predicted, actual = confusion[index, index], confusion[:, index].sum(), confusion[index].sum()
-        f1 = 2 * hits / (predicted + actual) if predicted + actual else 0.0
-        if predicted + actual:
-            f1_scores.append(f1)
-        per_class[name] = {"precision": float(hits / predicted) if predicted else 0.0,
-                           "recall": float(hits / actual) if actual else 0.0, "f1": float(f1), "support": int(actual)}
+    per_class, f1_macro = per_class_figures(label_names, np.diag(confusion), confusion.sum(axis=0),
+                                            confusion.sum(axis=1))
     return {
         "accuracy": float(np.trace(confusion) / labels.size) if labels.size else 0.0,
-        "f1_macro": float(np.mean(f1_scores)) if f1_scores else 0.0,
+        "f1_macro": f1_macro,
         "num_examples": int(labels.size),
         "per_class": per_class,
         "confusion_matrix": confusion.tolist(),
