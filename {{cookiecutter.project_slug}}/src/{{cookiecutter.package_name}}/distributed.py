@@ -85,6 +85,12 @@ def resolve_device_settings(
     return DeviceSettings(use_cpu=not on_gpu, ddp_backend=ddp_backend, precision=precision)
 
 
+def autocast(device: torch.device, precision: str) -> torch.autocast:
+    """Mixed precision for the forward pass: bf16 or fp16 autocast on this device, or none ("no")."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+
+
 def local_device_index() -> int:
     """The GPU this process drives: torchrun's LOCAL_RANK, 0 for a single process."""
     return int(os.environ.get("LOCAL_RANK", "0"))

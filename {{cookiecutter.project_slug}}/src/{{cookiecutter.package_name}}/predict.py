@@ -27,6 +27,7 @@ from transformers import AutoModelForSequenceClassification, HfArgumentParser, P
 from .config import DATA_SUFFIXES, ConfigError, ModelArguments, check_local_path, check_preprocessing_num_workers
 from .data import Task, build_collator, log_truncation, read_files, tokenize_datasets
 from .distributed import (
+    autocast,
     cleanup_distributed,
     gather_shards,
     length_sorted_shard,
@@ -142,10 +143,9 @@ def predict_logits(model: PreTrainedModel, tokenizer, rows: Dataset, batch_size:
     mine = length_sorted_shard(rows["length"], rank, world_size)
     collator = build_collator(tokenizer, mixed_precision=precision != "no")
     loader = DataLoader(rows.select(mine), batch_size=batch_size, collate_fn=collator)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     outputs = []
     for batch in loader:
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+        with autocast(device, precision):
             outputs.append(model(**{key: value.to(device) for key, value in batch.items()}).logits.float().cpu())
     local = torch.cat(outputs).numpy() if outputs else np.empty((0, model.config.num_labels), dtype=np.float32)
     gathered = gather_shards(mine, len(rows), local)

@@ -38,6 +38,7 @@ from .distributed import (
     agree_on_precision,
     agree_on_resume_checkpoint,
     assert_gradients_synchronised,
+    autocast,
     cleanup_distributed,
     gather_shards,
     length_sorted_shard,
@@ -92,8 +93,7 @@ class DistributedEnv:
         return self.rank == 0
 
     def autocast(self) -> torch.autocast:
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
-        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
+        return autocast(self.device, self.precision)
 
 
 def setup_distributed(args: TrainingArguments) -> DistributedEnv:
