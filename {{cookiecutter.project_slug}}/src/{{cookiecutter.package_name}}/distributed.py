@@ -187,14 +187,19 @@ def print_error(message: str) -> None:
         time.sleep(ERROR_GRACE_SECONDS)
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: what the scheduler allows (SLURM's --cpus-per-task, a container's
+    cpuset), not the machine's cores."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def default_dataloader_workers() -> int:
     """Loader processes per rank: this process's share of the CPUs it may run on, less one for itself, at most 4.
 
     The share counts what the scheduler allows (SLURM's --cpus-per-task, a container's cpuset), not
     the machine's cores; a fixed 4 oversubscribes small machines, and PyTorch warns about it.
     """
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    per_process = cpus // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    per_process = usable_cpus() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     return max(0, min(4, per_process - 1))
 
 

@@ -43,7 +43,7 @@ import torch.distributed as dist
 from transformers.hf_argparser import string_to_bool
 
 from .config import ConfigError, load_config_file, split_config_path
-from .distributed import cleanup_distributed, resolve_device_settings, start_distributed
+from .distributed import cleanup_distributed, resolve_device_settings, start_distributed, usable_cpus
 from .training_args import TrainingArguments
 
 # A preflight must not hang for --ddp_timeout (30 minutes by default): collectives wait this long at most.
@@ -347,17 +347,13 @@ def connect_problem(address: str, port: int) -> str | None:
 # ---- threads and output_dir, for one process ---------------------------------------------------------------------
 
 
-def cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def local_threads(launch: Launch) -> dict:
     """This node's processes and their threads, and the host's CPUs: gathered on rank 0 under torchrun.
 
     Alone, the doctor speaks for the NPROC_PER_NODE processes a launch script would start, each with
     OMP_NUM_THREADS threads, or with CPUs / processes where it is unset, as the scripts set it.
     """
-    cpus, nproc, omp = cpu_count(), os.environ.get("NPROC_PER_NODE", ""), os.environ.get("OMP_NUM_THREADS", "")
+    cpus, nproc, omp = usable_cpus(), os.environ.get("NPROC_PER_NODE", ""), os.environ.get("OMP_NUM_THREADS", "")
     if launch.under_torchrun:
         processes, threads = 1, torch.get_num_threads()  # each rank reports for itself
     else:
