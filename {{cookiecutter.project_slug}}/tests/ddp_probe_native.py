@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 PACKAGE = next(path.parent.name for path in (Path(__file__).resolve().parents[1] / "src").glob("*/__init__.py"))
 train = importlib.import_module(f"{PACKAGE}.train")
 batching = importlib.import_module(f"{PACKAGE}.batching")
-checkpoint = importlib.import_module(f"{PACKAGE}.checkpoint")
+resume = importlib.import_module(f"{PACKAGE}.resume")
 config = importlib.import_module(f"{PACKAGE}.config")
 distributed = importlib.import_module(f"{PACKAGE}.distributed")
 
@@ -48,11 +48,11 @@ def ddp_parameter_bytes(model) -> int | None:
 def main() -> None:
     model_args, data_args, args = config.parse_args(train.TrainingArguments, sys.argv[1:])
     args.dataloader_num_workers = 0  # the recorder must run in this process, not in a loader worker
-    complete = checkpoint.complete_checkpoints(args.output_dir, checkpoint.TRAINING_STATE)
+    complete = resume.complete_checkpoints(args.output_dir, train.TRAINING_STATE)
     resumed_from = args.resume_from_checkpoint or (complete[-1] if complete else None)
-    env = train.setup_distributed(args)
+    env, device, precision = train.setup_distributed(args)
     try:
-        job = train.build_job(env, model_args, data_args, args)
+        job = train.build_job(env, device, precision, model_args, data_args, args)
         first_step = job.step
         ddp_bytes = ddp_parameter_bytes(job.model)
         # The same sampler over the same examples, plus an index column for the recorder.

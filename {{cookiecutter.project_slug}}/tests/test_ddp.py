@@ -261,7 +261,8 @@ AGREE_SCRIPT = textwrap.dedent(
 
     import torch.distributed as dist
     from {package}.config import ConfigError
-    from {package}.distributed import agree_on_precision, agree_on_resume_checkpoint
+    from {package}.distributed import agree_on_precision
+    from {package}.resume import agree_on_resume_checkpoint
 
     what, out_dir = sys.argv[1], Path(sys.argv[2])
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
@@ -322,21 +323,20 @@ def test_the_trainer_refuses_to_resume_a_checkpoint_of_another_world_size(first_
 
 
 def test_the_newest_complete_checkpoint_is_chosen_and_a_save_cut_short_is_not(tmp_path: Path) -> None:
-    distributed, training_args = package_module("distributed"), package_module("training_args")
-    last_file = training_args.CHECKPOINT_LAST_FILE
+    resume, last_file = package_module("resume"), package_module("training_args").CHECKPOINT_LAST_FILE
     for step, complete in ((9, True), (10, True), (12, False)):  # checkpoint-12: killed while saving
         folder = tmp_path / f"checkpoint-{step}"
         folder.mkdir()
         (folder / ("config.json" if not complete else last_file)).write_text("{}")
     (tmp_path / "tmp-checkpoint-13").mkdir()
     (tmp_path / "tmp-checkpoint-13" / last_file).write_text("{}")
-    complete = distributed.complete_checkpoints(tmp_path, last_file)
+    complete = resume.complete_checkpoints(tmp_path, last_file)
     assert complete == [tmp_path / "checkpoint-9", tmp_path / "checkpoint-10"]
-    assert distributed.agree_on_resume_checkpoint(None, str(tmp_path), last_file) == tmp_path / "checkpoint-10"
-    assert distributed.agree_on_resume_checkpoint(None, str(tmp_path / "none"), last_file) is None
+    assert resume.agree_on_resume_checkpoint(None, str(tmp_path), last_file) == tmp_path / "checkpoint-10"
+    assert resume.agree_on_resume_checkpoint(None, str(tmp_path / "none"), last_file) is None
     cut_short = f"^--resume_from_checkpoint '.*checkpoint-12' holds no {last_file}: "
     with pytest.raises(package_module("config").ConfigError, match=cut_short):
-        distributed.agree_on_resume_checkpoint(str(tmp_path / "checkpoint-12"), str(tmp_path), last_file)
+        resume.agree_on_resume_checkpoint(str(tmp_path / "checkpoint-12"), str(tmp_path), last_file)
     if not IS_NATIVE:
         from transformers.trainer import TRAINER_STATE_NAME
 

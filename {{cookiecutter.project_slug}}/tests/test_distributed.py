@@ -1,4 +1,5 @@
-"""distributed.py in process: device, backend and precision, GPU pinning, rank order and loader workers.
+"""device.py, distributed.py and stopping.py in process: device, backend and precision, GPU pinning, rank order
+and loader workers.
 
 No torchrun and no GPU: CUDA queries, process groups and the CPU count are patched per test.
 """
@@ -18,8 +19,8 @@ from conftest import names_from, package_module
 from torch.utils.data import DataLoader
 
 ConfigError = names_from("config", "ConfigError")
-distributed = package_module("distributed")
-resolve_device_settings = distributed.resolve_device_settings
+device, distributed, stopping = (package_module(name) for name in ("device", "distributed", "stopping"))
+resolve_device_settings = device.resolve_device_settings
 
 pytestmark = pytest.mark.usefixtures("isolated_process")  # offline, one process, no state left behind
 
@@ -96,14 +97,14 @@ def test_several_gpus_in_one_process_without_torchrun_are_refused(gpus) -> None:
     pinned = gpus(2)
     with pytest.raises(ConfigError, match=r"^2 GPUs are visible to one process: start one process per GPU with "
                                           r"scripts/train_single_node.sh \(torchrun\), or set CUDA_VISIBLE_DEVICES=0$"):
-        distributed.select_device(use_cpu=False)
+        device.select_device(use_cpu=False)
     assert pinned == []
 
 
 def test_predict_alone_with_several_gpus_takes_the_first_and_says_so(gpus, caplog) -> None:
     pinned = gpus(8)
     with caplog.at_level(logging.INFO):
-        assert distributed.select_device(use_cpu=False, several_gpus="first") == torch.device("cuda", 0)
+        assert device.select_device(use_cpu=False, several_gpus="first") == torch.device("cuda", 0)
     assert pinned == [0]
     assert "8 GPUs are visible to this one process: it uses cuda:0 alone" in caplog.text
 
@@ -111,15 +112,15 @@ def test_predict_alone_with_several_gpus_takes_the_first_and_says_so(gpus, caplo
 def test_each_torchrun_rank_pins_its_local_gpu(gpus, monkeypatch: pytest.MonkeyPatch) -> None:
     pinned = gpus(4)
     monkeypatch.setenv("LOCAL_RANK", "3")
-    assert distributed.select_device(use_cpu=False) == torch.device("cuda", 3)
+    assert device.select_device(use_cpu=False) == torch.device("cuda", 3)
     assert pinned == [3]
 
 
 def test_one_gpu_or_use_cpu_needs_no_torchrun(gpus) -> None:
     pinned = gpus(1)
-    assert distributed.select_device(use_cpu=False) == torch.device("cuda", 0)
+    assert device.select_device(use_cpu=False) == torch.device("cuda", 0)
     gpus(8)
-    assert distributed.select_device(use_cpu=True) == torch.device("cpu")
+    assert device.select_device(use_cpu=True) == torch.device("cpu")
     assert pinned == [0]
 
 
@@ -207,7 +208,7 @@ def test_a_loader_worker_ignores_anyone_elses_sigterm_and_ends_on_its_parents() 
     # A scheduler's SIGTERM to every process must not kill loader workers before the rank saves; their
     # rank's SIGTERM (multiprocessing's at exit, after any error) must end them, or the rank waits forever.
     before = {child.pid for child in psutil.Process().children()}
-    batches = iter(DataLoader(range(8), batch_size=1, num_workers=1, worker_init_fn=distributed.keep_through_sigterm()))
+    batches = iter(DataLoader(range(8), batch_size=1, num_workers=1, worker_init_fn=stopping.keep_through_sigterm()))
     assert next(batches).tolist() == [0]  # the worker has run its worker_init_fn
     (worker,) = [child for child in psutil.Process().children() if child.pid not in before]
     subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)  # from another process, as SLURM sends it

@@ -318,7 +318,7 @@ def build_job(smoke_assets: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     def build(*flags: str):
         model_args, data_args, args = config.parse_args(train.TrainingArguments,
                                                         [*smoke_flags(smoke_assets, tmp_path), *flags])
-        return train.build_job(train.setup_distributed(args), model_args, data_args, args)
+        return train.build_job(*train.setup_distributed(args), model_args, data_args, args)
     return build
 
 

@@ -143,4 +143,4 @@ def test_the_trainers_loader_workers_start_with_the_projects_sigterm_handling(sm
     trainer = train.build_trainer(*config.parse_args(TrainingArguments, flags))
     for loader in (trainer.get_train_dataloader(), trainer.get_eval_dataloader()):
         worker_init_fn = loader.base_dataloader.worker_init_fn
-        assert worker_init_fn.func is package_module("distributed")._end_on_parent_sigterm_then
+        assert worker_init_fn.func is package_module("stopping")._end_on_parent_sigterm_then

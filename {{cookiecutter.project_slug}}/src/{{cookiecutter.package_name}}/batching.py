@@ -19,7 +19,7 @@ from datasets import Dataset
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from .config import ConfigError, check_batch_fits
-from .distributed import keep_through_sigterm
+from .stopping import keep_through_sigterm
 from .training_args import TrainingArguments
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The native loop's checkpoints: save (atomically), load and rotate (distributed.py finds the newest).
+"""The native loop's checkpoints: save (atomically), load and rotate (resume.py finds the newest).
 
 output_dir/checkpoint-N holds the model and tokenizer (save_pretrained; with LoRA, the adapters and the
 head but not the frozen base) and training_state.pt: the optimizer, schedule, scaler, position in the
@@ -19,9 +19,9 @@ import safetensors.torch
 import torch
 import torch.distributed as dist
 
-from . import distributed
+from . import resume
 from .config import BATCH_PLAN, ConfigError, check_same_batch_plan
-from .distributed import complete_checkpoints, is_distributed
+from .distributed import is_distributed
 from .modeling import check_same_lora, is_lora, read_weights
 from .training_args import CHECKPOINT_LAST_FILE as TRAINING_STATE
 
@@ -33,7 +33,7 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's save_pretrained: a LoRA 
 
 def checkpoint_problem(path: Path) -> str | None:
     """What keeps `path` from being resumed, or None."""
-    problem = distributed.checkpoint_problem(path, TRAINING_STATE)
+    problem = resume.checkpoint_problem(path, TRAINING_STATE)
     if problem is None and not (path / BATCH_PLAN).is_file():
         return f"holds no {BATCH_PLAN}: an older version of this loop wrote it; resume it with that version"
     return problem
@@ -82,7 +82,7 @@ def save_checkpoint(job: Job) -> None:
 
 def rotate_checkpoints(output_dir: Path, limit: int | None) -> None:
     if limit is not None and limit > 0:
-        for old in complete_checkpoints(output_dir, TRAINING_STATE)[:-limit]:
+        for old in resume.complete_checkpoints(output_dir, TRAINING_STATE)[:-limit]:
             shutil.rmtree(old, ignore_errors=True)
 
 

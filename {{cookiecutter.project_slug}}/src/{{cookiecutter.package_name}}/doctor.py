@@ -43,7 +43,8 @@ import torch.distributed as dist
 from transformers.hf_argparser import string_to_bool
 
 from .config import ConfigError, load_config_file, split_config_path
-from .distributed import cleanup_distributed, resolve_device_settings, start_distributed, usable_cpus
+from .device import resolve_device_settings
+from .distributed import cleanup_distributed, start_distributed, usable_cpus
 from .training_args import TrainingArguments
 
 # A preflight must not hang for --ddp_timeout (30 minutes by default): collectives wait this long at most.

@@ -13,7 +13,6 @@ same at the end of training, into output_dir/predictions.<the test file's suffix
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -26,19 +25,19 @@ from transformers import AutoModelForSequenceClassification, HfArgumentParser, P
 
 from .config import DATA_SUFFIXES, ConfigError, ModelArguments, check_local_path, check_preprocessing_num_workers
 from .data import Task, build_collator, log_truncation, read_files, tokenize_datasets
+from .device import autocast, resolve_device_settings
 from .distributed import (
-    autocast,
     cleanup_distributed,
     gather_shards,
     length_sorted_shard,
     main_process_first,
     print_error,
-    resolve_device_settings,
     setup_logging,
     start_distributed,
 )
 from .metrics import predict_from_logits
 from .modeling import ADAPTER_CONFIG, load_tokenizer
+from .torchrun import TorchrunEnv
 
 logger = logging.getLogger(f"{__package__}.predict")
 
@@ -74,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         (args,) = parser.parse_args_into_dataclasses(args=argv)
         settings = resolve_device_settings(args.mixed_precision, use_cpu=args.use_cpu)
-        setup_logging(int(os.environ.get("RANK", "0")) == 0)
+        setup_logging(TorchrunEnv.read().is_main_process)
         # One process and several GPUs: it predicts on the first; torchrun shares the rows among them all.
         device = start_distributed(settings, args.ddp_timeout, several_gpus="first")
         try:

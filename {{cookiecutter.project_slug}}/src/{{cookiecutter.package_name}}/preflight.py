@@ -22,8 +22,10 @@ import torch
 
 from .config import ConfigError, DataArguments, ModelArguments, check_batch_fits, check_local_path, parse_args
 from .data import Task, decide_task, load_raw_datasets
-from .distributed import agree_on_resume_checkpoint, resolve_device_settings, setup_logging
+from .device import resolve_device_settings
+from .distributed import setup_logging
 from .modeling import check_model_settings, check_same_lora, load_tokenizer
+from .resume import agree_on_resume_checkpoint
 from .training_args import CHECKPOINT_LAST_FILE, TrainingArguments
 
 logger = logging.getLogger(f"{__package__}.preflight")

@@ -11,6 +11,8 @@ can resume. If every worker had finished the run (exit status 0), it exits 0. El
 not save, or no worker started yet) it says so and exits 1.
 Every other failure keeps torchrun's own report. (With torch older than 2.9, or no /proc, torchrun
 handles SIGTERM itself once its workers start.)
+
+`TorchrunEnv.read()` is what torchrun tells each worker it starts: the one place the project reads it.
 """
 
 from __future__ import annotations
@@ -21,11 +23,35 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 # Exit status of a run that stopped on SIGTERM after writing its checkpoint: 128 + SIGTERM, as if
 # killed by it, so that neither torchrun nor a scheduler mistakes it for a finished run.
 STOPPED_EXIT_CODE = 128 + signal.SIGTERM
+
+
+@dataclass(frozen=True)
+class TorchrunEnv:
+    """Which process this is, as torchrun's environment says; a process torchrun did not start is rank 0 of 1."""
+
+    rank: int = 0  # 0 .. world_size - 1, over all nodes
+    local_rank: int = 0  # on this node: the GPU this process drives
+    world_size: int = 1
+    local_world_size: int = 1  # processes on this node
+    node_rank: int = 0  # torchrun's GROUP_RANK
+    started: bool = False  # whether torchrun started this process (it sets LOCAL_RANK)
+
+    @classmethod
+    def read(cls) -> TorchrunEnv:
+        env = os.environ
+        return cls(*(int(env.get(name, default)) for name, default in (
+            ("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_WORLD_SIZE", 1), ("GROUP_RANK", 0))),
+            started="LOCAL_RANK" in env)
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.rank == 0
 
 
 class WorkersStopped(Exception):

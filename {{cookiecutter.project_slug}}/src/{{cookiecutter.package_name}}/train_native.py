@@ -15,7 +15,6 @@ import itertools
 import json
 import logging
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,18 +31,14 @@ from .batching import BatchPlan, ResumableSampler, build_loader, build_train_bat
 from .checkpoint import TRAINING_STATE, checkpoint_problem, load_checkpoint, save_checkpoint
 from .config import ConfigError, DataArguments, ModelArguments, parse_args, read_batch_plan
 from .data import ClassificationCollator, ClassificationData, build_collator, load_data
+from .device import autocast, resolve_device_settings
 from .distributed import (
-    STOPPED_EXIT_CODE,
-    StopRequest,
     agree_on_precision,
-    agree_on_resume_checkpoint,
     assert_gradients_synchronised,
-    autocast,
     cleanup_distributed,
     gather_shards,
     length_sorted_shard,
     print_error,
-    resolve_device_settings,
     setup_logging,
     start_distributed,
 )
@@ -58,6 +53,9 @@ from .metrics import (
 )
 from .modeling import enable_gradient_checkpointing, load_model, load_tokenizer, parameter_counts, save_lora_base
 from .results import write_results
+from .resume import agree_on_resume_checkpoint
+from .stopping import StopRequest
+from .torchrun import STOPPED_EXIT_CODE, TorchrunEnv
 from .trackers import Tracker, start_tracker
 from .training_args import TrainingArguments
 
@@ -70,9 +68,9 @@ SYNC_BUFFERS = next(name for name in ("forward_sync_buffers", "broadcast_buffers
 def main(argv: list[str] | None = None) -> None:
     try:
         model_args, data_args, args = parse_args(TrainingArguments, argv)
-        env = setup_distributed(args)
+        env, device, precision = setup_distributed(args)
         try:
-            train_and_evaluate(build_job(env, model_args, data_args, args))
+            train_and_evaluate(build_job(env, device, precision, model_args, data_args, args))
         finally:
             cleanup_distributed()
     except ConfigError as err:
@@ -80,34 +78,17 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
 
 
-@dataclass(frozen=True)
-class DistributedEnv:
-    rank: int  # 0 .. world_size - 1, over all nodes
-    local_rank: int  # on this node: the GPU this process drives
-    world_size: int
-    device: torch.device
-    precision: str  # "bf16", "fp16" or "no"
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.rank == 0
-
-    def autocast(self) -> torch.autocast:
-        return autocast(self.device, self.precision)
-
-
-def setup_distributed(args: TrainingArguments) -> DistributedEnv:
-    """Read torchrun's RANK, LOCAL_RANK and WORLD_SIZE, pin the GPU, start the group (none without torchrun)."""
-    rank, local_rank, world_size = (int(os.environ.get(name, default)) for name, default in (
-        ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")))
+def setup_distributed(args: TrainingArguments) -> tuple[TorchrunEnv, torch.device, str]:
+    """Which process this is, its device (pinned) and precision; the process group started (none without torchrun)."""
+    env = TorchrunEnv.read()
     settings = resolve_device_settings(args.mixed_precision, fp16=args.fp16, bf16=args.bf16, use_cpu=args.use_cpu,
                                        ddp_backend=args.ddp_backend)
-    setup_logging(rank == 0)
+    setup_logging(env.is_main_process)
     device = start_distributed(settings, args.ddp_timeout)
     if args.tf32 is not None and device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
     agree_on_precision(settings.precision)
-    return DistributedEnv(rank, local_rank, world_size, device, settings.precision)
+    return env, device, settings.precision
 
 
 @dataclass
@@ -115,7 +96,9 @@ class Job:
     """What the loop works on, and where it is."""
 
     args: TrainingArguments
-    env: DistributedEnv
+    env: TorchrunEnv
+    device: torch.device  # this rank's
+    precision: str  # "bf16", "fp16" or "no"
     tokenizer: PreTrainedTokenizerBase
     data: ClassificationData
     collator: ClassificationCollator
@@ -138,30 +121,30 @@ class Job:
     tracker: Tracker | None = None  # --report_to's, on rank 0 (trackers.py)
 
 
-def build_job(env: DistributedEnv, model_args: ModelArguments, data_args: DataArguments,
-              args: TrainingArguments) -> Job:
+def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args: ModelArguments,
+              data_args: DataArguments, args: TrainingArguments) -> Job:
     # The same seed on every rank: the same new classifier head, the same shuffles.
     set_seed(args.seed)
     tokenizer = load_tokenizer(model_args)
     data = load_data(data_args, tokenizer, model_args.cache_dir, args.seed)
-    collator = build_collator(tokenizer, mixed_precision=env.precision != "no")
+    collator = build_collator(tokenizer, mixed_precision=precision != "no")
     checkpoint = agree_on_resume_checkpoint(args.resume_from_checkpoint, args.output_dir, TRAINING_STATE,
                                             checkpoint_problem) if args.do_train else None
     sampler, train_loader, plan = build_train_batches(data.train, args, collator, env.rank, env.world_size,
-                                                      env.device.type == "cuda", read_batch_plan(checkpoint))
+                                                      device.type == "cuda", read_batch_plan(checkpoint))
 
     module = load_model(model_args, data.task, tokenizer)
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(module)
-    module = module.to(env.device)
-    model = wrap_in_ddp(module, args, env)
+    module = module.to(device)
+    model = wrap_in_ddp(module, args, env, device)
     optimizer = build_optimizer(model, args)  # after wrapping, over the parameters DDP synchronises
     # --warmup_steps below 1 is a fraction of all steps, as in transformers.TrainingArguments.
     warmup = math.ceil(args.warmup_steps * plan.total_steps) if args.warmup_steps < 1 else int(args.warmup_steps)
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, warmup, plan.total_steps)
-    scaler = torch.amp.GradScaler("cuda") if env.precision == "fp16" else None
-    job = Job(args, env, tokenizer, data, collator, sampler, train_loader, plan, model, module, optimizer,
-              scheduler, scaler, test_file=data_args.test_file,
+    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+    job = Job(args, env, device, precision, tokenizer, data, collator, sampler, train_loader, plan, model, module,
+              optimizer, scheduler, scaler, test_file=data_args.test_file,
               preprocessing_num_workers=data_args.preprocessing_num_workers)
     job.tracker = start_tracker(args.report_to, args.output_dir, vars(model_args) | vars(data_args) | vars(args),
                                 env.is_main_process)  # the run id in output_dir: a resume continues its run
@@ -176,14 +159,15 @@ def build_job(env: DistributedEnv, model_args: ModelArguments, data_args: DataAr
     return job
 
 
-def wrap_in_ddp(module: torch.nn.Module, args: TrainingArguments, env: DistributedEnv) -> torch.nn.Module:
+def wrap_in_ddp(module: torch.nn.Module, args: TrainingArguments, env: TorchrunEnv,
+                device: torch.device) -> torch.nn.Module:
     if env.world_size == 1:
         return module
     # DDP all-reduces the gradients of the parameters that require one, no others: under LoRA, those
     # of the adapters and the head.
     return DistributedDataParallel(
         module,  # its constructor broadcasts rank 0's weights, so every rank starts identical
-        device_ids=[env.local_rank] if env.device.type == "cuda" else None,
+        device_ids=[env.local_rank] if device.type == "cuda" else None,
         find_unused_parameters=args.ddp_find_unused_parameters,
         bucket_cap_mb=args.ddp_bucket_cap_mb,
         # Buffers such as position ids never change in these models: syncing them before every
@@ -231,7 +215,7 @@ def train_and_evaluate(job: Job) -> dict[str, float]:
             if job.tracker is not None:  # the final evaluation too, as the Trainer's trackers get it
                 job.tracker.log(scalars(metrics), job.step)
         write_results(args, metrics, job.history, job.env.is_main_process, job.module, job.tokenizer, job.data.task,
-                      job.test_file, job.env.device, job.env.precision, job.preprocessing_num_workers)
+                      job.test_file, job.device, job.precision, job.preprocessing_num_workers)
         return metrics
     finally:
         if job.tracker is not None:
@@ -243,7 +227,7 @@ def train(job: Job) -> dict[str, float]:
     """The epoch loop. Each pass of the inner loop is one optimizer step over accumulated micro-batches."""
     args, env, plan, model, optimizer, scaler = job.args, job.env, job.plan, job.model, job.optimizer, job.scaler
     skip_sync = model.no_sync if isinstance(model, DistributedDataParallel) else contextlib.nullcontext
-    meter, first_step, stop, earlier = LossMeter(env.device, job.step), job.step, StopRequest(), dict(job.totals)
+    meter, first_step, stop, earlier = LossMeter(job.device, job.step), job.step, StopRequest(), dict(job.totals)
     bar = tqdm(total=plan.total_steps, initial=job.step, desc="train", dynamic_ncols=True,
                disable=not env.is_main_process or args.disable_tqdm or not sys.stderr.isatty())  # no bars in files
     while job.step < plan.total_steps and not job.stopped:
@@ -258,11 +242,11 @@ def train(job: Job) -> dict[str, float]:
             if not micro_batches:  # the batch plan promised them: a bug here, not a user error
                 raise RuntimeError(f"the train loader ran out before step {job.step + 1} (epoch {epoch})")
             for index, batch in enumerate(micro_batches):
-                batch = {key: value.to(env.device, non_blocking=True) for key, value in batch.items()}
+                batch = {key: value.to(job.device, non_blocking=True) for key, value in batch.items()}
                 # DDP all-reduces gradients during backward. Between micro-steps that is wasted
                 # traffic: no_sync() skips it, and the last backward averages the accumulated sum.
                 with contextlib.nullcontext() if index == len(micro_batches) - 1 else skip_sync():
-                    with env.autocast():
+                    with autocast(job.device, job.precision):
                         # Each loss is a micro-batch mean; dividing by the micro-batch count makes the
                         # accumulated gradient the mean over the whole step, as one big batch would.
                         loss = model(**batch).loss / len(micro_batches)
@@ -350,11 +334,11 @@ def evaluate(job: Job) -> dict[str, float]:
     model.eval()
     mine = length_sorted_shard(job.data.validation["length"], env.rank, env.world_size)
     shard = job.data.validation.select(mine)
-    loader = build_loader(shard, args, job.collator, args.per_device_eval_batch_size, env.device.type == "cuda")
-    logits, labels, loss_sum = [], [], torch.zeros((), device=env.device)
+    loader = build_loader(shard, args, job.collator, args.per_device_eval_batch_size, job.device.type == "cuda")
+    logits, labels, loss_sum = [], [], torch.zeros((), device=job.device)
     for batch in loader:
-        batch = {key: value.to(env.device, non_blocking=True) for key, value in batch.items()}
-        with env.autocast():
+        batch = {key: value.to(job.device, non_blocking=True) for key, value in batch.items()}
+        with autocast(job.device, job.precision):
             output = model(**batch)
         loss_sum += output.loss.float() * len(batch["labels"])
         logits.append(output.logits.float().cpu())

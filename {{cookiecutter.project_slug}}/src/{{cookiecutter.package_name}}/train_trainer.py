@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -35,18 +34,7 @@ from .config import (
     read_batch_plan,
 )
 from .data import Task, build_collator, load_data
-from .distributed import (
-    STOPPED_EXIT_CODE,
-    StopRequest,
-    agree_on_resume_checkpoint,
-    assert_gradients_synchronised,
-    cleanup_distributed,
-    env_world_size,
-    is_distributed,
-    keep_through_sigterm,
-    print_error,
-    setup_logging,
-)
+from .distributed import assert_gradients_synchronised, cleanup_distributed, is_distributed, print_error, setup_logging
 from .metrics import (
     add_run_totals,
     finished_message,
@@ -57,6 +45,9 @@ from .metrics import (
 )
 from .modeling import classifier_of, load_model, load_tokenizer, parameter_counts, save_lora_base
 from .results import write_results
+from .resume import agree_on_resume_checkpoint
+from .stopping import StopRequest, keep_through_sigterm
+from .torchrun import STOPPED_EXIT_CODE, TorchrunEnv
 from .tracking import configure_tracker
 from .training_args import CHECKPOINT_LAST_FILE, TrainingArguments
 
@@ -81,7 +72,7 @@ def run(model_args: ModelArguments, data_args: DataArguments, args: TrainingArgu
 
 
 def prepare_run(args: TrainingArguments) -> None:
-    setup_logging(int(os.environ.get("RANK", "0")) == 0)
+    setup_logging(TorchrunEnv.read().is_main_process)
     args.device  # noqa: B018 - the first use pins this rank's GPU and joins the process group (training_args.py)
     check_really_distributed(args.world_size)
     set_seed(args.seed)
@@ -91,7 +82,7 @@ def prepare_run(args: TrainingArguments) -> None:
 
 def check_really_distributed(world_size_in_use: int) -> None:
     """Fail loudly when torchrun started several processes but each would train alone."""
-    expected = env_world_size()
+    expected = TorchrunEnv.read().world_size
     group_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if expected > 1 and (group_size != expected or world_size_in_use != expected):
         raise RuntimeError(
@@ -102,7 +93,7 @@ def check_really_distributed(world_size_in_use: int) -> None:
 
 
 class StopOnSignal(TrainerCallback):
-    """On SIGTERM (see distributed.StopRequest), save the step every rank reached and end training."""
+    """On SIGTERM (see stopping.StopRequest), save the step every rank reached and end training."""
 
     def __init__(self) -> None:
         self.request: StopRequest | None = None
@@ -232,7 +223,7 @@ class EpochSeededLengthGroupedSampler(LengthGroupedSampler):
 
 
 def with_loader_workers_kept_through_sigterm(loader):
-    """The loader, its workers started with distributed.keep_through_sigterm. accelerate's prepared loader
+    """The loader, its workers started with stopping.keep_through_sigterm. accelerate's prepared loader
     wraps the DataLoader that starts them (base_dataloader): the worker_init_fn must be set on that one."""
     inner = getattr(loader, "base_dataloader", loader)
     inner.worker_init_fn = keep_through_sigterm(inner.worker_init_fn)

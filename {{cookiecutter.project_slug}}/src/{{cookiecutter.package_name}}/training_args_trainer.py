@@ -18,13 +18,8 @@ import torch
 import transformers
 
 from .config import ConfigError, check_training_settings
-from .distributed import (
-    DeviceSettings,
-    agree_on_precision,
-    default_dataloader_workers,
-    resolve_device_settings,
-    start_distributed,
-)
+from .device import DeviceSettings, resolve_device_settings
+from .distributed import agree_on_precision, default_dataloader_workers, start_distributed
 
 # transformers.trainer.TRAINER_STATE_NAME: the Trainer writes it into checkpoint-N after the weights, the
 # optimizer and the RNG state, so a folder holding it is complete. (Not imported from there: the preflight

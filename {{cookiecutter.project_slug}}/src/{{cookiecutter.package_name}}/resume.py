@@ -1,0 +1,73 @@
+"""Finding the checkpoint to resume from, and every rank agreeing on it."""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import torch.distributed as dist
+
+from .config import ConfigError
+from .distributed import is_distributed
+
+CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+def complete_checkpoints(output_dir: str | Path, last_file: str) -> list[Path]:
+    """The checkpoint-N folders of output_dir that hold last_file, oldest first.
+
+    last_file is what the loop writes last into a checkpoint (training_args.CHECKPOINT_LAST_FILE), so a
+    save cut short never counts. Both loops and the preflight find checkpoints here.
+    """
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    found = [(int(match.group(1)), path) for path in folder.iterdir()
+             if (match := CHECKPOINT_NAME.match(path.name)) and (path / last_file).is_file()]
+    return [path for _, path in sorted(found)]
+
+
+def checkpoint_problem(path: Path, last_file: str) -> str | None:
+    """What keeps the folder `path` from being resumed, or None."""
+    if not path.exists():
+        return "does not exist"
+    if not (path / last_file).is_file():
+        return (f"holds no {last_file}: pass a checkpoint-N folder written by this loop, or leave the flag out "
+                "to resume from the newest one in --output_dir")
+    return None
+
+
+def agree_on_resume_checkpoint(
+    explicit: str | None, output_dir: str, last_file: str,
+    problem_with: Callable[[Path], str | None] | None = None,
+) -> Path | None:
+    """--resume_from_checkpoint if given, else the newest complete checkpoint in output_dir, else None.
+
+    Rank 0 decides and every rank takes its answer: ranks that resumed from different steps would
+    wait on each other forever. Then every rank checks that it can read that checkpoint, and all fail
+    together: a rank failing alone would leave the others waiting until --ddp_timeout.
+    `problem_with(path)` says what is wrong with a checkpoint folder, or returns None; by default
+    checkpoint_problem. In one process (the preflight) it is the same choice and the same check.
+    """
+    problem_with = problem_with or functools.partial(checkpoint_problem, last_file=last_file)
+    newest = complete_checkpoints(output_dir, last_file)[-1:] if explicit is None else []
+    chosen = [Path(explicit) if explicit is not None else (newest[0] if newest else None)]
+    if is_distributed():
+        dist.broadcast_object_list(chosen, src=0)
+    checkpoint = chosen[0]
+    problems = [None if checkpoint is None else problem_with(checkpoint)]
+    if is_distributed():
+        problem, problems = problems[0], [None] * dist.get_world_size()
+        dist.all_gather_object(problems, problem)
+    if problems[0] is not None:
+        flag = "--resume_from_checkpoint" if explicit is not None else "checkpoint"
+        raise ConfigError(f"{flag} {str(checkpoint)!r} {problems[0]}")
+    failed = [str(rank) for rank, problem in enumerate(problems) if problem is not None]
+    if failed:
+        raise ConfigError(
+            f"checkpoint {str(checkpoint)!r} is on rank 0 but rank(s) {', '.join(failed)} cannot read it "
+            f"({problems[int(failed[0])]}): with several nodes, --output_dir must be on a filesystem every node shares"
+        )
+    return checkpoint

@@ -1,0 +1,99 @@
+"""Stopping on SIGTERM: every rank saves the step they all reach, and loader workers live until their rank ends them."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import threading
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from .distributed import is_distributed
+
+
+def _hold_sigterm() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+def _release_sigterm() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+_forks_hold_sigterm = False
+
+
+def fork_loader_workers_immune_to_sigterm() -> None:
+    """From now on every process this one forks (the loader workers of each epoch) starts with SIGTERM
+    blocked, and its worker_init_fn (keep_through_sigterm) keeps it blocked, ending only on its parent's.
+
+    SLURM signals every process of a job step. A loader worker forked just then would die of it before
+    its worker_init_fn runs (PyTorch's workers die of a SIGTERM that does not come from their parent),
+    and the run with it, before it saves. Here a SIGTERM that comes during the fork waits for its end.
+    """
+    global _forks_hold_sigterm
+    if not _forks_hold_sigterm:
+        os.register_at_fork(before=_hold_sigterm, after_in_parent=_release_sigterm)
+        _forks_hold_sigterm = True
+
+
+class StopRequest:
+    """SIGTERM asks the run to stop at the next step that every rank reaches, and to save it there.
+
+    SLURM sends it to every process of the job step on preemption, requeue or cancel, Kubernetes to
+    torchrun before it evicts a pod, and train_slurm.sbatch to torchrun before a time limit; torchrun
+    (torchrun.py) passes it on to its workers and waits up to 30 s for them to save. The ranks can
+    get it at different steps, so after each step they agree with one tiny all_reduce, on a CPU
+    (gloo) group so that the host never waits for the GPU for it.
+    """
+
+    def __init__(self) -> None:
+        self.signalled = False
+        self.group = None
+        if is_distributed():  # every rank creates the group: new_group is collective
+            self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        signal.signal(signal.SIGTERM, self.on_signal)
+        fork_loader_workers_immune_to_sigterm()
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        self.signalled = True
+
+    def agreed(self) -> bool:
+        """Whether any rank has been asked to stop; the same answer on every rank."""
+        if self.group is None:
+            return self.signalled
+        flag = torch.tensor([int(self.signalled)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flag.item())
+
+
+def keep_through_sigterm(worker_init_fn: Callable[[int], None] | None = None) -> Callable[[int], None]:
+    """A DataLoader worker_init_fn: the loader worker ends on its parent's SIGTERM and ignores anyone else's,
+    then runs worker_init_fn.
+
+    SLURM signals every process of a job step, loader workers too, and PyTorch's workers die of a
+    SIGTERM that does not come from their parent: the run would end with "DataLoader worker is killed
+    by signal: Terminated" before it saves. Their parent's SIGTERM must still end them: at exit, and after
+    any error (a peer's death, a bug in a step), multiprocessing stops its loader workers with SIGTERM and
+    waits for them, and a worker that ignored it would keep its rank alive forever, and torchrun from
+    restarting it. A worker also ends when its parent is gone (PyTorch's own check, every 5 s).
+    """
+    return functools.partial(_end_on_parent_sigterm_then, worker_init_fn)
+
+
+def _end_on_parent_sigterm_then(worker_init_fn: Callable[[int], None] | None, worker_id: int) -> None:
+    # Blocked, SIGTERM waits for sigwaitinfo, which says who sent it (a signal handler would not). The
+    # worker was forked with it blocked (fork_loader_workers_immune_to_sigterm); a spawned one blocks it here.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=_exit_on_sigterm_from, args=(os.getppid(),), name="sigterm-from-parent",
+                     daemon=True).start()
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
+
+
+def _exit_on_sigterm_from(parent: int) -> None:
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+            os._exit(0)  # as PyTorch's own handler does for its parent's SIGTERM
