@@ -153,15 +153,12 @@ COMMON_FILES = {
     "tests/test_modeling.py",
     "tests/test_preflight.py",
     "tests/test_preprocessing_workers.py",
-    "tests/test_results.py",
     "tests/test_scripts.py",
     "tests/test_settings.py",
     "tests/test_smoke.py",
     "tests/test_tasks.py",
     "tests/test_torchrun.py",
-    "tests/test_task_types.py",
     "tests/test_tracking.py",
-    "tests/run_module.py",
 }
 # Each is <name>_<loop>.py in the template; post-gen keeps the chosen loop's as <name>.py.
 PER_LOOP_FILES = {
@@ -619,6 +616,7 @@ def summary_counts(output: str) -> dict[str, int]:
 # tests/conftest.py they use; no render ships them.
 PROOFS = TEMPLATE_DIR / "tests" / "proofs"
 SLURM_PROOFS = ["slurm_cluster.py", "test_slurm.py", "test_slurm_cluster.py", "slow_steps.py"]
+NATIVE_PROOFS = ["test_native_resume.py"]
 # Tests of SLURM's own behaviour, which never import the package: the first suite run proves them.
 LOOP_INDEPENDENT_TESTS = ["tests/test_slurm_cluster.py"]
 
@@ -630,9 +628,12 @@ def test_loop_independent_proofs_reach_no_loop_code():
 
 
 def add_proofs(project: Path, combo: Combination) -> None:
-    """The template's proofs, copied into a render's tests/ (the SLURM ones where it has the sbatch script)."""
+    """The template's proofs, copied into a render's tests/ (the SLURM ones where it has the sbatch script, the
+    native loop's where it has that loop)."""
     for path in PROOFS.iterdir():
         if path.name in SLURM_PROOFS and not combo.include_slurm:
+            continue
+        if path.name in NATIVE_PROOFS and combo.training_loop != "native":
             continue
         if path.is_dir():
             shutil.copytree(path, project / "tests" / path.name)
@@ -653,8 +654,8 @@ def test_rendered_repo_passes_its_own_test_suite_and_the_template_proofs(rendere
     }
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     # What its README tells a user to run, make test-all (pytest-xdist workers, each module on one), which
-    # runs the proofs too.
-    args = ["-q", "-x", "-p", "no:cacheprovider"]
+    # runs the proofs too, ordered and grouped by their plugin (tests/proofs/proof_scheduling.py).
+    args = ["-q", "-x", "-p", "no:cacheprovider", "-p", "proof_scheduling"]
     if combo != SUITE_RUNS[0]:
         args += [f"--ignore={name}" for name in LOOP_INDEPENDENT_TESTS]
     command = ["make", "test-all", f"PYTHON={sys.executable}", f"ARGS={' '.join(args)}"]

@@ -35,14 +35,12 @@ from conftest import (
     package_module,
     read_jsonl,
     read_probe,
-    run_python,
     smoke_flags,
-    start_torchrun,
-    torchrun,
 )
 from datasets import Dataset, DatasetDict
 from safetensors.torch import load_file
 from transformers import AutoConfig, pipeline
+from warm_launch import run_python, start_torchrun, torchrun
 
 config = package_module("config")
 data = package_module("data")

@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import IS_NATIVE, PACKAGE, REPO_ROOT, TRAIN_SIZE, run_env, smoke_flags, torchrun
+from conftest import IS_NATIVE, PACKAGE, REPO_ROOT, TRAIN_SIZE, run_env, smoke_flags
 from safetensors.torch import load_file
+from warm_launch import torchrun
 
 pytestmark = pytest.mark.slow  # real launches: `make test-all`
 

@@ -27,9 +27,9 @@ from conftest import (
     run_env,
     smoke_flags,
     start,
-    torchrun,
 )
 from safetensors.torch import load_file
+from warm_launch import torchrun
 
 pytestmark = pytest.mark.slow  # real launches: `make test-all`
 

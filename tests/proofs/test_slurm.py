@@ -26,9 +26,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import IS_NATIVE, PACKAGE, REPO_ROOT, TRAIN_SIZE, run_env, smoke_flags, torchrun
+from conftest import IS_NATIVE, PACKAGE, REPO_ROOT, TRAIN_SIZE, run_env, smoke_flags
 from safetensors.torch import load_file
 from slurm_cluster import SlurmCluster, require_netns, require_slurm
+from warm_launch import torchrun
 
 pytestmark = pytest.mark.slurm
 

@@ -10,7 +10,8 @@ import textwrap
 from pathlib import Path
 
 import psutil
-from conftest import REPO_ROOT, run_env, run_python, torchrun
+from conftest import REPO_ROOT, run_env
+from warm_launch import run_python, torchrun
 
 SCRIPT = textwrap.dedent(
     """

@@ -1,23 +1,16 @@
-"""Shared fixtures and helpers: offline smoke assets, an isolated process for in-process tests, and a
-real torchrun launcher (2 CPU processes, gloo)."""
+"""Shared fixtures and helpers: offline smoke assets, an isolated process for in-process tests, and real
+launches as plain commands (torchrun: 2 CPU processes, gloo)."""
 
 from __future__ import annotations
 
 import importlib
 import json
-import logging
 import operator
 import os
-import runpy
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
-import time
-import traceback
-from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 import datasets
@@ -26,11 +19,10 @@ import psutil
 import pytest
 import torch
 import yaml
-from accelerate.state import AcceleratorState
 from datasets import Dataset, DatasetDict, Features
 
-# What the launches of the tests give their processes (run_env), for this process too: the warm launches
-# are forks of it (warm_start), and a tokenizer or an OpenMP pool that ran threads here would not survive one.
+# What the launches of the tests give their processes (run_env), for the in-process tests too: one thread
+# each, as pytest-xdist runs two test processes on two cores.
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 torch.set_num_threads(1)
 
@@ -82,7 +74,10 @@ def isolated_process(monkeypatch: pytest.MonkeyPatch):
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_CPU"):
         monkeypatch.delenv(name, raising=False)
     yield
-    AcceleratorState._reset_state(reset_partial_state=True)
+    if not IS_NATIVE:  # the Trainer's device setup (accelerate)
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
 
 
 @pytest.fixture
@@ -164,129 +159,22 @@ def finish(process: subprocess.Popen, timeout: int = 300) -> subprocess.Complete
 
 
 def torchrun(args: list[str], nproc: int = 2, timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess:
-    """`torchrun --standalone --nproc_per_node=N <script | -m module> args`, started warm (start_torchrun)."""
-    result = start_torchrun(args, nproc).finish(timeout)
+    """`torchrun --standalone --nproc_per_node=N <script | -m module> args`, as a plain command."""
+    result = finish(start_torchrun(args, nproc), timeout)
     if check and result.returncode != 0:
         pytest.fail(f"torchrun exited {result.returncode}:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
     return result
 
 
-def start_torchrun(args: list[str], nproc: int = 2) -> WarmProcess:
-    """Start `torchrun --standalone --nproc_per_node=N <script | -m module> args` warm (see warm_start).
-
-    The agent, its rendezvous on a free port and the workers are torchrun's own; with `--run-path
-    --start-method fork` (torchrun's options for a script run in the agent's interpreter) the workers
-    are forked from it, so they start with this test process's imports. `python -m torch.distributed.run`
-    starting `python -m <module>` workers, as the launch scripts do, is tested through the scripts.
-    """
-    package_module("train")  # imported here once, so that every fork starts with it
-    target = ["--run-path", str(RUN_MODULE), *args[1:]] if args[0] == "-m" else ["--run-path", *args]
-    argv = ["--standalone", f"--nproc_per_node={nproc}", "--start-method", "fork", *target]
-    return warm_start(partial(torch_distributed_run_main, argv), run_env())
-
-
-def torch_distributed_run_main(argv: list[str]) -> None:
-    from torch.distributed import run
-
-    run.main(argv)
+def start_torchrun(args: list[str], nproc: int = 2) -> subprocess.Popen:
+    """Start torchrun (python -m torch.distributed.run) on a free port of its own (--standalone)."""
+    return start([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args],
+                 run_env())
 
 
 def run_python(args: list[str], timeout: int = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`python <script | -m module> args` as one plain process (no torchrun), started warm (see warm_start)."""
-    if args[0] == "-m":
-        importlib.import_module(args[1])  # imported here once, so that every fork starts with it
-    return warm_start(partial(run_as_main, args), run_env() if env is None else env).finish(timeout)
-
-
-def run_as_main(args: list[str]) -> None:
-    """What `python <script | -m module> args` runs."""
-    if args[0] == "-m":
-        sys.argv = args[1:]
-        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = list(args)
-        runpy.run_path(args[0], run_name="__main__")
-
-
-def warm_start(target: Callable[[], object], env: dict[str, str]) -> WarmProcess:
-    """Run target in a fork of this test process, as a command in a session of its own.
-
-    A fork starts with the imports this process has already paid for (transformers, datasets, torch:
-    some 6 s a process on 2 cores), and otherwise as a fresh command would: its own environment, the
-    repo as working directory, stdout and stderr of its own, default SIGTERM and SIGINT, no logging set
-    up, torch's threads as OMP_NUM_THREADS says, exit status from SystemExit. It ends with os._exit, as
-    multiprocessing's children do: atexit handlers are not run.
-    """
-    out, err = (tempfile.TemporaryFile(mode="w+") for _ in range(2))  # noqa: SIM115 - closed by WarmProcess
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        status = 1
-        try:
-            os.setsid()
-            os.chdir(REPO_ROOT)
-            os.environ.clear()
-            os.environ.update(env)
-            os.dup2(out.fileno(), 1)
-            os.dup2(err.fileno(), 2)
-            sys.stdout = open(1, "w", buffering=1, encoding="utf-8", closefd=False)  # noqa: SIM115
-            sys.stderr = open(2, "w", buffering=1, encoding="utf-8", closefd=False)  # noqa: SIM115
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))  # what a new process reads from it
-            logging.root.handlers.clear()  # pytest's capture handlers
-            logging.root.setLevel(logging.WARNING)
-            target()
-            status = 0
-        except SystemExit as stop:
-            status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-            if not isinstance(stop.code, int | None):
-                print(stop.code, file=sys.stderr)
-        except BaseException:  # noqa: BLE001 - reported as a command reports it
-            traceback.print_exc()
-        finally:
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()
-            os._exit(status)
-    return WarmProcess(pid, getattr(target, "args", ()), out, err)
-
-
-class WarmProcess:
-    """A command warm_start started: poll it, signal it, and finish it as conftest's finish does a Popen."""
-
-    def __init__(self, pid: int, args: object, out, err) -> None:
-        self.pid, self.args, self.out, self.err = pid, args, out, err
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def send_signal(self, signum: int) -> None:
-        os.kill(self.pid, signum)
-
-    def finish(self, timeout: float = 300) -> subprocess.CompletedProcess:
-        """Wait for the exit (killing the whole session after timeout seconds, and failing the test)."""
-        deadline = time.monotonic() + timeout
-        while self.poll() is None:
-            if time.monotonic() > deadline:
-                kill_tree(self.pid)
-                os.waitpid(self.pid, 0)
-                pytest.fail(f"{self.args} timed out after {timeout}s:\n{self.read(self.out)[-3000:]}\n"
-                            f"{self.read(self.err)[-3000:]}")
-            time.sleep(0.02)
-        return subprocess.CompletedProcess(self.args, self.returncode, self.read(self.out), self.read(self.err))
-
-    @staticmethod
-    def read(stream) -> str:
-        stream.seek(0)
-        text = stream.read()
-        stream.close()
-        return text
+    """`python <script | -m module> args` as one plain process (no torchrun)."""
+    return finish(start([sys.executable, *args], run_env() if env is None else env), timeout)
 
 
 def free_port() -> int:
@@ -305,38 +193,5 @@ def read_probe(output_dir: Path, ranks: int = 2) -> list[dict]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slurm: starts a real SLURM cluster (root; installs slurm-wlm if missing)")
     config.addinivalue_line("markers", "slow: real launches beyond the one DDP run of `make test`; `make test-all` "
                                        "runs them too")
-
-
-# The template this project came from runs its real-SLURM proofs inside a copy of it, with this file; each
-# of these modules starts a SLURM cluster. This project ships none of them.
-SLURM_MODULES = ("tests/test_slurm.py", "tests/test_slurm_cluster.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every SLURM test is slow. The modules run longest first: the SLURM ones, then those with real
-    launches, then the unit tests (for pytest-xdist workers to finish together, see
-    pytest_xdist_make_scheduler); a module keeps its own order."""
-    for item in items:
-        if item.get_closest_marker("slurm") is not None:  # a SLURM cluster starts in tens of seconds
-            item.add_marker(pytest.mark.slow)
-    launches = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: (0 if item.get_closest_marker("slurm") else 1 if item.path in launches else 2))
-
-
-@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which `make test` and `make test-all` run
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Each worker takes whole modules, so that a module's expensive runs (its module fixtures) happen once,
-    in the order pytest_collection_modifyitems gives them; both SLURM modules go to the same worker, so that
-    one SLURM cluster at a time runs on this host."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ModuleScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return "slurm" if module in SLURM_MODULES else module
-
-    config.option.loadscopereorder = False  # the order above, not by the number of tests
-    return ModuleScheduling(config, log)

@@ -1,5 +1,5 @@
 """`python tests/run_module.py MODULE ARGS...` runs MODULE as `python -m MODULE ARGS...` does: for torchrun's
---run-path, which runs a script (tests/conftest.py's torchrun)."""
+--run-path, which runs a script (warm_launch.torchrun)."""
 
 import runpy
 import sys

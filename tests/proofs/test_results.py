@@ -8,7 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PACKAGE, read_metrics, run_python, smoke_flags
+from conftest import PACKAGE, read_metrics, smoke_flags
+from warm_launch import run_python
 
 pytestmark = pytest.mark.slow  # real launches: `make test-all`
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import EVAL_SIZE, PACKAGE, REPO_ROOT, package_module, read_jsonl, run_python, torchrun
+from conftest import EVAL_SIZE, PACKAGE, REPO_ROOT, package_module, read_jsonl
+from warm_launch import run_python, torchrun
 
 pytestmark = pytest.mark.slow  # real launches: `make test-all`
 
