@@ -152,7 +152,6 @@ COMMON_FILES = {
     "tests/test_metrics.py",
     "tests/test_modeling.py",
     "tests/test_preflight.py",
-    "tests/test_preprocessing_workers.py",
     "tests/test_scripts.py",
     "tests/test_settings.py",
     "tests/test_smoke.py",
