@@ -10,7 +10,7 @@ Covered here: NPROC_PER_NODE=auto counting the GPUs, the preflight parsing and c
 on a node of 8 GPUs without claiming one, each rank pinning its own GPU before the process group starts,
 nccl chosen, the group bound to the rank's GPU with --ddp_timeout, mixed precision auto resolving to
 bf16 (capability 8.0 and up) or fp16 (7.x), bf16 and fp16 refused where unsupported, predict alone on
-several GPUs, and the doctor's GPU count and precision checks. Out of reach (only a real GPU shows
+several GPUs, and the doctor's GPU count and precision check. Out of reach (only a real GPU shows
 them): NCCL itself, training and evaluating on the GPU, autocast and GradScaler, and speed; the
 template's bench/gpu_check.sh runs those on a real GPU.
 """
@@ -121,18 +121,27 @@ def test_predict_alone_on_8_gpus_takes_the_first_and_says_so(smoke_assets: Path,
     assert result.returncode != 0 and "CUDA" in result.stderr
 
 
-def doctor(tmp_path: Path, smoke_assets: Path, gpus: int, capability: str, *flags: str) -> dict[str, str]:
+def doctor(tmp_path: Path, smoke_assets: Path, gpus: int, capability: str, *flags: str) -> dict:
+    """The doctor alone on a node of `gpus` GPUs, for 8 processes: its exit status, stderr, and its check
+    lines by name."""
     command = [sys.executable, "-m", f"{PACKAGE}.doctor", *smoke_flags(smoke_assets, tmp_path / "out"),
                "--mixed_precision", "auto", *flags]
     result = finish(start(command, gpu_node_env(tmp_path, gpus, capability, NPROC_PER_NODE="8")), timeout=120)
-    return {line.split(":")[0].split()[1]: line for line in result.stdout.splitlines()
-            if line.startswith(("PASS", "FAIL", "WARN", "SKIP"))}
+    lines = {line.split(":")[0].split()[1]: line for line in result.stdout.splitlines()
+             if line.startswith(("PASS", "FAIL", "WARN", "SKIP"))}
+    return {"returncode": result.returncode, "stderr": result.stderr, **lines}
 
 
 def test_the_doctor_checks_the_gpu_count_and_the_precision_they_support(smoke_assets: Path, tmp_path: Path) -> None:
     healthy = doctor(tmp_path, smoke_assets, 8, "8.0")
-    assert healthy["GPUs"] == "PASS  GPUs: 8 x Simulated GPU (80 GiB, capability 8.0), one per process"
-    assert healthy["precision"] == "PASS  precision: --mixed_precision auto: bf16 on GPU 0 (capability 8.0)"
-    short = doctor(tmp_path, smoke_assets, 4, "7.0", "--mixed_precision", "bf16")
-    assert short["GPUs"].startswith("FAIL  GPUs: 8 processes on this node but 4 GPU(s) visible")
-    assert short["precision"].startswith("FAIL  precision: --mixed_precision bf16: this GPU has no native bf16")
+    assert healthy["GPUs"] == ("PASS  GPUs: 8 x Simulated GPU (80 GiB, capability 8.0); precision bf16; "
+                               "one process per GPU")
+    assert healthy["returncode"] == 0, healthy["stderr"][-3000:]
+    short = doctor(tmp_path, smoke_assets, 4, "7.0")
+    assert short["GPUs"].startswith("FAIL  GPUs: 8 processes on this node but 4 GPU(s) visible (4 x Simulated GPU "
+                                    "(80 GiB, capability 7.0); precision fp16)")
+    assert short["returncode"] == 1
+    # bf16 where the GPU has none: train's parser refuses it, and the doctor ends with train's error line.
+    refused = doctor(tmp_path, smoke_assets, 8, "7.0", "--mixed_precision", "bf16")
+    assert refused.keys() == {"returncode", "stderr"} and refused["returncode"] == 2
+    assert refused["stderr"].startswith("error: --mixed_precision bf16: this GPU has no native bf16")
