@@ -243,10 +243,8 @@ def with_loader_workers_kept_through_sigterm(loader):
 
 
 class ClassificationTrainer(Trainer):
-    # Private Trainer methods overridden below, for want of a public hook (a sampler reaches the Trainer
-    # only by rebuilding the loader in get_train_dataloader; no callback can skip a step). Were one renamed
-    # upstream, the override would be dead code and its fix silently gone; check_private_overrides stops
-    # the run instead.
+    # Private Trainer methods overridden below: no public hook does what they do. Were one renamed upstream,
+    # the override would be dead code and its fix silently gone; check_private_overrides stops the run instead.
     PRIVATE_OVERRIDES = ("_get_train_sampler", "_run_epoch")
 
     def get_train_dataloader(self):
