@@ -392,6 +392,34 @@ def test_the_chosen_trackers_packages_are_dependencies_and_every_tracker_an_extr
     assert {tracker: requirement_names(extras[tracker]) for tracker in TRACKER_PACKAGES} == TRACKER_PACKAGES
 
 
+# Import names that differ from the distribution's.
+DISTRIBUTION_OF = {"yaml": "pyyaml"}
+
+
+def third_party_imports(folder: Path) -> set[str]:
+    """The distributions the modules under folder import (at the top or inside a function)."""
+    names = set()
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.partition(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names.add(node.module.partition(".")[0])
+    return {DISTRIBUTION_OF.get(name, name) for name in names - set(sys.stdlib_module_names) - {PACKAGE}}
+
+
+@pytest.mark.parametrize("combo", combination_params([*SUITE_RUNS, *TRACKER_RUNS]))
+def test_the_dependencies_are_what_the_modules_import(rendered, combo):
+    """And accelerate for the Trainer, which runs on it; the native loop never uses it (peft, for LoRA,
+    brings it itself). The trackers' packages: the test above."""
+    project = rendered(combo)
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text(encoding="utf-8"))
+    every_tracker_package = {name for names in TRACKER_PACKAGES.values() for name in names}
+    dependencies = set(requirement_names(pyproject["project"]["dependencies"])) - every_tracker_package
+    imported = third_party_imports(project / "src") - set(TRACKER_PACKAGES)
+    assert dependencies == imported | ({"accelerate"} if combo.training_loop == "trainer" else set())
+
+
 @pytest.mark.parametrize("combo", combination_params(SUPPORTED + TRACKER_RUNS))
 def test_configs_parse_and_default_yaml_holds_the_answers(rendered, combo):
     project = rendered(combo)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from accelerate.state import PartialState
 from conftest import REQUIRED, package_module, smoke_flags
 
 config = package_module("config")
@@ -19,7 +20,7 @@ TrainingArguments = package_module("training_args").TrainingArguments
 train = package_module("train")
 
 # No torchrun or accelerate settings from the shell; no accelerate state left for the next module
-# (parsing runs transformers' device setup, which fills accelerate's process-wide PartialState).
+# (the run's setup, train.prepare_run, fills accelerate's process-wide PartialState).
 pytestmark = pytest.mark.usefixtures("isolated_process")
 
 
@@ -67,6 +68,16 @@ def test_device_and_precision_follow_the_machine() -> None:
         bf16_ok = torch.cuda.is_bf16_supported(including_emulation=False)
         assert training_args.use_cpu is False
         assert (training_args.fp16, training_args.bf16) == (not bf16_ok, bf16_ok)
+
+
+def test_parsing_sets_up_no_device_and_starts_no_process_group() -> None:
+    """transformers' own __post_init__ sets the devices up (accelerate's PartialState); here the run's setup does."""
+    training_args = parse()
+    assert PartialState._shared_state == {}
+    assert not torch.distributed.is_initialized()
+    train.prepare_run(training_args)
+    assert PartialState._shared_state != {}
+    assert training_args.device == (torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
 
 
 def test_contradictory_precision_flags_are_a_config_error() -> None:
@@ -130,7 +141,9 @@ def test_trainer_does_not_let_the_model_scale_the_loss_by_items_in_batch(smoke_a
     the world size under DDP and skip dividing by the gradient-accumulation steps.
     """
     flags = [*smoke_flags(smoke_assets, tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")]
-    trainer = train.build_trainer(*config.parse_args(TrainingArguments, flags))
+    model_args, data_args, training_args = config.parse_args(TrainingArguments, flags)
+    train.prepare_run(training_args)
+    trainer = train.build_trainer(model_args, data_args, training_args)
     assert trainer.model.accepts_loss_kwargs is False
     assert trainer.model_accepts_loss_kwargs is False
 
@@ -140,7 +153,9 @@ def test_the_trainers_loader_workers_start_with_the_projects_sigterm_handling(sm
     # accelerate wraps the DataLoader that starts the workers: a worker_init_fn set on the wrapper never runs.
     flags = [*smoke_flags(smoke_assets, tmp_path / "out"), "--cache_dir", str(tmp_path / "cache"),
              "--dataloader_num_workers", "1"]
-    trainer = train.build_trainer(*config.parse_args(TrainingArguments, flags))
+    model_args, data_args, training_args = config.parse_args(TrainingArguments, flags)
+    train.prepare_run(training_args)
+    trainer = train.build_trainer(model_args, data_args, training_args)
     for loader in (trainer.get_train_dataloader(), trainer.get_eval_dataloader()):
         worker_init_fn = loader.base_dataloader.worker_init_fn
         assert worker_init_fn.func is package_module("stopping")._end_on_parent_sigterm_then

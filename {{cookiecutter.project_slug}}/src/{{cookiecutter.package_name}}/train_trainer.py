@@ -1,7 +1,7 @@
 """Fine-tune a sequence classifier with the Hugging Face Trainer, on one process or under torchrun.
 
 The run, top to bottom: parse the config and flags; pin this rank's GPU and start the process
-group (training_args.py); check that torchrun's ranks really share gradients; load and tokenise the data;
+group; check that torchrun's ranks really share gradients; load and tokenise the data;
 load the model; train, resuming from the newest checkpoint; evaluate once over exactly the eval set;
 write metrics.json; with --do_predict, predict --test_file (predict.py).
 """
@@ -34,7 +34,15 @@ from .config import (
     read_batch_plan,
 )
 from .data import Task, build_collator, load_data
-from .distributed import assert_gradients_synchronised, cleanup_distributed, is_distributed, print_error, setup_logging
+from .distributed import (
+    agree_on_precision,
+    assert_gradients_synchronised,
+    cleanup_distributed,
+    is_distributed,
+    print_error,
+    setup_logging,
+    start_distributed,
+)
 from .metrics import (
     add_run_totals,
     finished_message,
@@ -73,7 +81,11 @@ def run(model_args: ModelArguments, data_args: DataArguments, args: TrainingArgu
 
 def prepare_run(args: TrainingArguments) -> None:
     setup_logging(TorchrunEnv.read().is_main_process)
-    args.device  # noqa: B018 - the first use pins this rank's GPU and joins the process group (training_args.py)
+    # This rank's GPU pinned and the group joined (with --ddp_timeout, bound to that GPU) before transformers
+    # sets up its devices at the first use of args.device: accelerate adopts both.
+    start_distributed(args.device_settings, args.ddp_timeout)
+    args.device  # noqa: B018 - a property, read for its effect
+    agree_on_precision(args.device_settings.precision)
     check_really_distributed(args.world_size)
     set_seed(args.seed)
     # Before the Trainer is built: its report_to callbacks read their settings from the environment.
@@ -231,8 +243,8 @@ def with_loader_workers_kept_through_sigterm(loader):
 
 
 class ClassificationTrainer(Trainer):
-    # Private Trainer methods overridden below. Were one renamed upstream, the override would be dead code
-    # and its fix silently gone; check_private_overrides stops the run instead.
+    # Private Trainer methods overridden below: no public hook does what they do. Were one renamed upstream,
+    # the override would be dead code and its fix silently gone; check_private_overrides stops the run instead.
     PRIVATE_OVERRIDES = ("_get_train_sampler", "_run_epoch")
 
     def get_train_dataloader(self):

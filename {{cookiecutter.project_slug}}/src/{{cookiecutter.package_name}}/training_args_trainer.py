@@ -3,23 +3,21 @@ backend and precision decided before the Trainer sets up devices.
 
 Parsing has no side effects: it only queries the GPUs (how many, which compute capability), so
 that the preflight and the doctor parse the same flags in one process on a node of 8 GPUs. The run's
-setup happens at the first use of `args.device` (train.py's prepare_run): pin this rank's GPU and
-start the process group (with --ddp_timeout, on CPU too, and this rank's GPU bound to it), which
-transformers then adopts through accelerate.
+setup (train.py's prepare_run) pins this rank's GPU and starts the process group before transformers
+sets up its devices, which it then adopts through accelerate.
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import torch
 import transformers
 
 from .config import ConfigError, check_training_settings
-from .device import DeviceSettings, resolve_device_settings
-from .distributed import agree_on_precision, default_dataloader_workers, start_distributed
+from .device import resolve_device_settings
+from .distributed import default_dataloader_workers
 
 # transformers.trainer.TRAINER_STATE_NAME: the Trainer writes it into checkpoint-N after the weights, the
 # optimizer and the RNG state, so a folder holding it is complete. (Not imported from there: the preflight
@@ -61,6 +59,7 @@ class TrainingArguments(transformers.TrainingArguments):
     output_dir: str | None = field(default="outputs", metadata={"help": "Checkpoints, final model, metrics.json."})
     logging_steps: float = field(default=10, metadata={"help": "Log every N optimizer steps."})
     save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most this many checkpoints."})
+    parsing = False  # not a flag: True while __post_init__ runs (see device)
 
     def __post_init__(self) -> None:
         if self.disable_tqdm is None:  # bar fragments would fill log files (SLURM, nohup, kubectl logs)
@@ -79,7 +78,7 @@ class TrainingArguments(transformers.TrainingArguments):
         self.ddp_backend = self.device_settings.ddp_backend
         self.fp16 = self.device_settings.precision == "fp16"
         self.bf16 = self.device_settings.precision == "bf16"
-        self.parsing = True  # the parent's __post_init__ asks for self.device: not yet (see device)
+        self.parsing = True
         try:
             super().__post_init__()
         except ValueError as err:  # transformers' own checks of its flags: one error line, not a traceback
@@ -92,23 +91,6 @@ class TrainingArguments(transformers.TrainingArguments):
 
     @property
     def device(self) -> torch.device | None:
-        """This rank's device; the first use sets it up (_setup_devices). None while parsing."""
-        if getattr(self, "parsing", False):
-            return None
-        return super().device
-
-    def __getattr__(self, name: str):
-        # The parent's _setup_devices sets distributed_state, which world_size, process_index and the
-        # Trainer read; parsing defers it, so the first reader after parsing sets the devices up.
-        if name == "distributed_state" and not self.__dict__.get("parsing", False):
-            self._setup_devices  # noqa: B018 - a cached property, evaluated for its effect
-            return self.__dict__["distributed_state"]
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    @cached_property
-    def _setup_devices(self) -> torch.device:
-        settings: DeviceSettings = self.device_settings
-        start_distributed(settings, self.ddp_timeout)  # accelerate adopts the group started here
-        device = transformers.TrainingArguments._setup_devices.func(self)
-        agree_on_precision(settings.precision)
-        return device
+        """This rank's device. None while parsing: transformers' __post_init__ reads it, and its first read
+        sets the devices up, which the run's setup does instead (train.py's prepare_run)."""
+        return None if self.parsing else super().device
