@@ -113,7 +113,8 @@ def node_label(env: TorchrunEnv) -> str:
 
 
 def check_gpus(env: TorchrunEnv, settings: DeviceSettings) -> Result:
-    """The GPUs visible here against the processes on this node: a rank without one fails to start."""
+    """The GPUs visible here against the processes on this node (a rank without one fails to start), and
+    the precision train picks on them."""
     name = f"GPUs{node_label(env)}"
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
