@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import IS_NATIVE, package_module, smoke_flags
+from conftest import package_module, smoke_flags
 
 # (case, flags, None if accepted or the error line both must print)
 CASES = [
@@ -67,19 +67,3 @@ def test_the_preflight_and_the_worker_give_the_same_verdict(
     else:
         assert preflight is not None and preflight.startswith(expected)
         assert worker == preflight
-
-
-@pytest.mark.skipif(IS_NATIVE, reason="the Trainer's private methods")
-@pytest.mark.parametrize("name", ["_get_train_sampler", "_run_epoch"])
-def test_a_trainer_without_a_private_method_this_project_overrides_stops_the_run_in_one_line(
-    smoke_assets: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, name: str
-) -> None:
-    import transformers
-
-    assert name in package_module("train").ClassificationTrainer.PRIVATE_OVERRIDES
-    monkeypatch.delattr(transformers.Trainer, name)  # as a transformers that renamed it would be
-    argv = [*smoke_flags(smoke_assets, tmp_path / "out"), "--max_steps", "1", "--save_strategy", "no"]
-    line = verdict("train", argv, capsys)
-    expected = f"transformers {transformers.__version__}: Trainer has no {name}, "
-    assert line is not None and line.startswith(expected), line
-    assert not (tmp_path / "out" / "model.safetensors").exists()

@@ -13,6 +13,7 @@ import pytest
 import torch
 from accelerate.state import PartialState
 from conftest import REQUIRED, package_module, smoke_flags
+from test_settings import verdict
 
 config = package_module("config")
 ConfigError = config.ConfigError
@@ -159,3 +160,19 @@ def test_the_trainers_loader_workers_start_with_the_projects_sigterm_handling(sm
     for loader in (trainer.get_train_dataloader(), trainer.get_eval_dataloader()):
         worker_init_fn = loader.base_dataloader.worker_init_fn
         assert worker_init_fn.func is package_module("stopping")._end_on_parent_sigterm_then
+
+
+@pytest.mark.parametrize("name", ["_get_train_sampler", "_run_epoch"])
+def test_a_trainer_without_a_private_method_this_project_overrides_stops_the_run_in_one_line(
+    smoke_assets: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, name: str,
+    datasets_cache_in_tmp_path: None,
+) -> None:
+    import transformers
+
+    assert name in package_module("train").ClassificationTrainer.PRIVATE_OVERRIDES
+    monkeypatch.delattr(transformers.Trainer, name)  # as a transformers that renamed it would be
+    argv = [*smoke_flags(smoke_assets, tmp_path / "out"), "--max_steps", "1", "--save_strategy", "no"]
+    line = verdict("train", argv, capsys)
+    expected = f"transformers {transformers.__version__}: Trainer has no {name}, "
+    assert line is not None and line.startswith(expected), line
+    assert not (tmp_path / "out" / "model.safetensors").exists()
