@@ -46,7 +46,6 @@ SMOKE_CONFIG = REPO_ROOT / "configs" / "smoke.yaml"
 SMOKE = yaml.safe_load(SMOKE_CONFIG.read_text())
 TRAIN_SIZE = 256  # divisible by 2 ranks x the smoke batch, so shards can be exactly disjoint
 EVAL_SIZE = 101  # odd: a naive distributed eval would count one example twice
-RUN_MODULE = REPO_ROOT / "tests" / "run_module.py"  # torchrun --run-path runs a script: this one runs a module
 REQUIRED = ["--model_name_or_path", "some/model", "--train_file", "train.jsonl"]  # the least train.py accepts
 
 

@@ -1,8 +1,8 @@
 """A bad setting given to a launch script ends with one `error:` line before torchrun starts anything.
 
 The first case runs scripts/train_single_node.sh for real (2 processes asked for), as a user would; the
-others run what the script runs first, `python -m <package>.preflight` for 2 processes, each in a warm
-process (tests/conftest.py's run_python). The preflight must refuse each: exit status 2, one line on
+others run what the script runs first, `python -m <package>.preflight` for 2 processes (tests/conftest.py's
+run_python). The preflight must refuse each: exit status 2, one line on
 stderr, no torchrun command shown, no traceback, no output_dir created. Errors only a worker can find
 are printed once, by the first process of the node. A good run passing the preflight is in
 tests/test_launch_end_to_end.py.
