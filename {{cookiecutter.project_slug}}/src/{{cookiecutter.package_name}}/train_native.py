@@ -324,8 +324,8 @@ def train(job: Job) -> dict[str, float]:
 def loss_scale(scaler: torch.amp.GradScaler) -> torch.Tensor:
     """A copy of the GradScaler's scale on its device, read without waiting for the GPU as get_scale() does.
     torch offers no public way: its private _get_scale_async is used where it exists, else get_scale()."""
-    read = getattr(scaler, "_get_scale_async", None)
-    return read().clone() if read is not None else torch.tensor(scaler.get_scale())
+    scale = scaler._get_scale_async() if hasattr(scaler, "_get_scale_async") else None  # None: not yet set
+    return scale.clone() if scale is not None else torch.tensor(scaler.get_scale())
 
 
 def take_back_skipped_steps(scheduler: torch.optim.lr_scheduler.LRScheduler, skipped: torch.Tensor) -> None:
