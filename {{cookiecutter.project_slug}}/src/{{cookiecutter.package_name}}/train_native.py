@@ -17,6 +17,7 @@ import logging
 import math
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,7 +29,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, get_scheduler, set_seed
 
 from .batching import BatchPlan, ResumableSampler, build_loader, build_train_batches
-from .checkpoint import TRAINING_STATE, checkpoint_problem, load_checkpoint, save_checkpoint
+from .checkpoint import TRAINING_STATE, Checkpointer
 from .config import ConfigError, DataArguments, ModelArguments, parse_args, read_batch_plan
 from .data import ClassificationCollator, ClassificationData, build_collator, load_data
 from .device import autocast, resolve_device_settings
@@ -63,6 +64,9 @@ logger = logging.getLogger(f"{__package__}.train")  # not __name__: that is "__m
 # torch 2.13 renamed DDP's broadcast_buffers; the project supports older versions too.
 SYNC_BUFFERS = next(name for name in ("forward_sync_buffers", "broadcast_buffers")
                     if name in inspect.signature(DistributedDataParallel).parameters)
+# A step the GradScaler skips calls no optimizer.step() (but with fused AdamW), yet the schedule steps, to be
+# taken back at the next log line (take_back_skipped_steps): torch's warning about that order would mislead.
+warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,6 +123,17 @@ class Job:
     test_file: str | None = None  # rows to predict at the end, with --do_predict
     preprocessing_num_workers: int | None = None  # processes that tokenise them
     tracker: Tracker | None = None  # --report_to's, on rank 0 (trackers.py)
+    checkpointer: Checkpointer = field(init=False)  # saves the optimizer, schedule, scaler and state_dict()
+
+    def state_dict(self) -> dict:
+        """Where the run is, for its checkpoints (as torchtitan's trainer gives its checkpointer its own)."""
+        return {"global_step": self.step, "epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
+                "log_history": self.history, "run_totals": self.totals}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.epoch = state["global_step"], state["epoch"]
+        self.step_in_epoch = state["step_in_epoch"]
+        self.history, self.totals = state["log_history"], state.get("run_totals", {})
 
 
 def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args: ModelArguments,
@@ -129,7 +144,7 @@ def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args
     data = load_data(data_args, tokenizer, model_args.cache_dir, args.seed)
     collator = build_collator(tokenizer, mixed_precision=precision != "no")
     checkpoint = agree_on_resume_checkpoint(args.resume_from_checkpoint, args.output_dir, TRAINING_STATE,
-                                            checkpoint_problem) if args.do_train else None
+                                            needs_batch_plan=True) if args.do_train else None
     sampler, train_loader, plan = build_train_batches(data.train, args, collator, env.rank, env.world_size,
                                                       device.type == "cuda", read_batch_plan(checkpoint))
 
@@ -148,12 +163,15 @@ def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args
               preprocessing_num_workers=data_args.preprocessing_num_workers)
     job.tracker = start_tracker(args.report_to, args.output_dir, vars(model_args) | vars(data_args) | vars(args),
                                 env.is_main_process)  # the run id in output_dir: a resume continues its run
+    parts = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+    job.checkpointer = Checkpointer(args.output_dir, args.save_total_limit, module, tokenizer,
+                                    data.label_names, plan.as_dict(), parts, position=job)
 
     # From here on only dropout draws from the global RNG: give each rank its own stream, so the
     # ranks do not drop the same units. A checkpoint restores these per-rank states.
     set_seed(args.seed + env.rank)
     if checkpoint is not None:
-        load_checkpoint(job, checkpoint)
+        job.checkpointer.load(checkpoint)
         logger.info("resumed from %s at step %d (epoch %d, step %d in it)", checkpoint, job.step, job.epoch,
                     job.step_in_epoch)
     return job
@@ -228,6 +246,7 @@ def train(job: Job) -> dict[str, float]:
     args, env, plan, model, optimizer, scaler = job.args, job.env, job.plan, job.model, job.optimizer, job.scaler
     skip_sync = model.no_sync if isinstance(model, DistributedDataParallel) else contextlib.nullcontext
     meter, first_step, stop, earlier = LossMeter(job.device, job.step), job.step, StopRequest(), dict(job.totals)
+    skipped = torch.zeros((), dtype=torch.int64, device=job.device)  # by the GradScaler, since the last log
     bar = tqdm(total=plan.total_steps, initial=job.step, desc="train", dynamic_ncols=True,
                disable=not env.is_main_process or args.disable_tqdm or not sys.stderr.isatty())  # no bars in files
     while job.step < plan.total_steps and not job.stopped:
@@ -258,16 +277,14 @@ def train(job: Job) -> dict[str, float]:
                 scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
             grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                          if args.max_grad_norm > 0 else None)
-            stepped = True  # the optimizer really stepped
             if scaler is not None:
-                scale = scaler.get_scale()
+                scale = loss_scale(scaler)
                 scaler.step(optimizer)  # skipped when the unscaled gradients hold inf or nan ...
                 scaler.update()
-                stepped = scaler.get_scale() >= scale  # ... and then the scale drops
+                skipped += loss_scale(scaler) < scale  # ... and then the scale drops
             else:
                 optimizer.step()
-            if stepped:  # as in the Trainer: the schedule does not advance on a skipped step
-                job.scheduler.step()
+            job.scheduler.step()  # taken back at the next log line if the scaler skipped this step
             optimizer.zero_grad(set_to_none=False)  # in place: see gradient_as_bucket_view in wrap_in_ddp
             job.step, job.step_in_epoch = job.step + 1, job.step_in_epoch + 1
             end_of_epoch = job.step_in_epoch == plan.steps_per_epoch
@@ -281,7 +298,10 @@ def train(job: Job) -> dict[str, float]:
             # Also at each checkpoint and at the end: the logged windows then tile the run (whole_run_metrics).
             if due(args.logging_strategy, args.logging_steps, job, end_of_epoch) or finished or saving or (
                     job.step == 1 and args.logging_first_step):
-                logs = meter.flush(job.step) | {"learning_rate": job.scheduler.get_last_lr()[0]}
+                logs = meter.flush(job.step)  # the CPU waits for the GPU here: the time to read `skipped` too
+                if scaler is not None:
+                    take_back_skipped_steps(job.scheduler, skipped)
+                logs["learning_rate"] = job.scheduler.get_last_lr()[0]
                 if grad_norm is not None:
                     logs["grad_norm"] = round(float(grad_norm), 4)  # the same on every rank after the all-reduce
                 log(job, logs, bar)
@@ -291,7 +311,7 @@ def train(job: Job) -> dict[str, float]:
                 model.train()
             if saving:
                 job.totals = add_run_totals(earlier, *meter.trained())
-                save_checkpoint(job)
+                job.checkpointer.save(job.step)
             if job.stopped:
                 logger.info("stopped by SIGTERM at step %d, saved in checkpoint-%d: the same command resumes there",
                             job.step, job.step)
@@ -299,6 +319,23 @@ def train(job: Job) -> dict[str, float]:
     bar.close()
     totals = add_run_totals(earlier, *meter.trained())
     return whole_run_metrics(job.history, totals, job.step) | {"epoch": job.step / plan.steps_per_epoch}
+
+
+def loss_scale(scaler: torch.amp.GradScaler) -> torch.Tensor:
+    """A copy of the GradScaler's scale on its device, read without waiting for the GPU as get_scale() does.
+    torch offers no public way: its private _get_scale_async is used where it exists, else get_scale()."""
+    scale = scaler._get_scale_async() if hasattr(scaler, "_get_scale_async") else None  # None: not yet set
+    return scale.clone() if scale is not None else torch.tensor(scaler.get_scale())
+
+
+def take_back_skipped_steps(scheduler: torch.optim.lr_scheduler.LRScheduler, skipped: torch.Tensor) -> None:
+    """Set the schedule back over the `skipped` steps the GradScaler skipped since the last call (a step
+    that changed no weight should not move it). Called at a log line, where the CPU waits for the GPU
+    anyway; until then the rate runs those steps ahead. transformers' schedules are LambdaLRs: the rate
+    follows the step count alone."""
+    scheduler.last_epoch -= int(skipped) + 1
+    scheduler.step()
+    skipped.zero_()
 
 
 def due(strategy: str, interval: float, job: Job, end_of_epoch: bool) -> bool:
