@@ -18,10 +18,9 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
-import numpy as np
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -36,10 +35,9 @@ from .distributed import (
     agree_on_precision,
     assert_gradients_synchronised,
     cleanup_distributed,
-    gather_shards,
-    length_sorted_shard,
     print_error,
     setup_logging,
+    sharded_forward,
     start_distributed,
 )
 from .meter import LossMeter
@@ -322,41 +320,22 @@ def log(job: Job, logs: dict[str, float], bar: tqdm) -> None:
         job.tracker.log(scalars(logs), job.step)
 
 
-@torch.no_grad()
 def evaluate(job: Job) -> dict[str, float]:
-    """The task's metrics and the loss over every eval example exactly once, whatever the world size.
-
-    Each rank evaluates its distributed.length_sorted_shard (no repeats, similar lengths per batch), and
-    rank 0 gathers the predictions and returns the metrics; the other ranks return {}.
-    """
-    start, env, args = time.perf_counter(), job.env, job.args
-    model = job.module  # not DDP: ranks may run different numbers of eval batches
-    model.eval()
-    mine = length_sorted_shard(job.data.validation["length"], env.rank, env.world_size)
-    shard = job.data.validation.select(mine)
-    loader = build_loader(shard, args, job.collator, args.per_device_eval_batch_size, job.device.type == "cuda")
-    logits, labels, loss_sum = [], [], torch.zeros((), device=job.device)
-    for batch in loader:
-        batch = {key: value.to(job.device, non_blocking=True) for key, value in batch.items()}
-        with autocast(job.device, job.precision):
-            output = model(**batch)
-        loss_sum += output.loss.float() * len(batch["labels"])
-        logits.append(output.logits.float().cpu())
-        labels.append(batch["labels"].cpu())
-    if env.world_size > 1:
-        dist.reduce(loss_sum, dst=0)
-    gathered = gather_shards(mine, len(job.data.validation), *(
-        (torch.cat(logits).numpy(), torch.cat(labels).numpy()) if labels
-        else (np.empty((0, job.module.config.num_labels), dtype=np.float32), np.empty(0))
-    ))
-    if gathered is None:
+    """The task's metrics and the loss over every eval example exactly once, whatever the world size
+    (distributed.sharded_forward), on rank 0; the other ranks return {}."""
+    start, args = time.perf_counter(), job.args
+    batches = partial(build_loader, args=args, collator=job.collator,
+                      batch_size=args.per_device_eval_batch_size, on_gpu=job.device.type == "cuda")
+    # job.module, not DDP: the ranks may run different numbers of eval batches.
+    outputs = sharded_forward(job.module, job.data.validation, batches, job.device, job.precision)
+    if outputs is None:
         return {}
-    all_logits, all_labels = gathered
+    logits, labels, loss_sum = outputs
     task = job.data.task
-    metrics = task_metrics(all_logits, all_labels, task.problem_type, task.label_names, task.multi_label_threshold)
-    metrics["loss"] = float(loss_sum) / max(1, len(all_labels))
+    metrics = task_metrics(logits, labels, task.problem_type, task.label_names, task.multi_label_threshold)
+    metrics["loss"] = loss_sum / max(1, len(labels))
     metrics["runtime"] = round(time.perf_counter() - start, 4)
-    metrics["samples_per_second"] = round(len(all_labels) / metrics["runtime"], 3)
+    metrics["samples_per_second"] = round(len(labels) / metrics["runtime"], 3)
     return {f"eval_{key}": value for key, value in metrics.items()} | {"epoch": job.step / job.plan.steps_per_epoch}
 
 
