@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
-import json
 import logging
 import math
 import sys
@@ -48,6 +47,7 @@ from .metrics import (
     scalars,
     task_metrics,
     whole_run_metrics,
+    write_log_line,
 )
 from .modeling import enable_gradient_checkpointing, load_model, load_tokenizer, parameter_counts, save_lora_base
 from .results import write_results
@@ -282,10 +282,10 @@ def train(job: Job) -> dict[str, float]:
                 logs = meter.flush(job.step) | {"learning_rate": job.scheduler.get_last_lr()[0]}
                 if grad_norm is not None:
                     logs["grad_norm"] = round(float(grad_norm), 4)  # the same on every rank after the all-reduce
-                log(job, logs, bar)
+                log(job, logs)
             if due(args.eval_strategy, args.eval_steps or args.logging_steps, job, end_of_epoch) and not (
                     finished or job.stopped):
-                log(job, evaluate(job), bar)  # the final evaluation follows the loop
+                log(job, evaluate(job))  # the final evaluation follows the loop
                 model.train()
             if saving:
                 job.totals = add_run_totals(earlier, *meter.trained())
@@ -309,13 +309,12 @@ def due(strategy: str, interval: float, job: Job, end_of_epoch: bool) -> bool:
     return job.step % every == 0
 
 
-def log(job: Job, logs: dict[str, float], bar: tqdm) -> None:
+def log(job: Job, logs: dict[str, float]) -> None:
     """One JSON line on rank 0 (and a point for --report_to's tracker), kept in job.history."""
     if not job.env.is_main_process:
         return
-    entry = {"step": job.step, "epoch": round(job.step / job.plan.steps_per_epoch, 3), **scalars(logs)}
-    job.history.append(entry)
-    bar.write(json.dumps(entry))
+    epoch = {"epoch": round(job.step / job.plan.steps_per_epoch, 3)}
+    job.history.append(write_log_line(job.step, epoch | logs))
     if job.tracker is not None:
         job.tracker.log(scalars(logs), job.step)
 
