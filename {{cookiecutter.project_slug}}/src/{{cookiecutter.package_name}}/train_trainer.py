@@ -27,6 +27,7 @@ from .config import (
     ConfigError,
     DataArguments,
     ModelArguments,
+    batch_split,
     check_batch_fits,
     check_same_batch_plan,
     parse_args,
@@ -137,8 +138,7 @@ class RecordRun(TrainerCallback):
 
 
 def batch_plan(args: TrainingArguments) -> dict[str, int]:
-    return {"world_size": args.world_size, "per_device_train_batch_size": args.per_device_train_batch_size,
-            "gradient_accumulation_steps": args.gradient_accumulation_steps}
+    return batch_split(args.world_size, args.per_device_train_batch_size, args.gradient_accumulation_steps)
 
 
 def check_same_split(checkpoint: Path, args: TrainingArguments) -> None:
