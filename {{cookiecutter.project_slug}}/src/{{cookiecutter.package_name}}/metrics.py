@@ -1,4 +1,4 @@
-"""Metrics per problem type over exactly the examples given, metrics.json, and the training curves."""
+"""Metrics per problem type over exactly the examples given, log lines, metrics.json, the training curves."""
 
 from __future__ import annotations
 
@@ -113,10 +113,9 @@ def scalars(logs: dict) -> dict[str, float]:
 
 
 def write_log_line(step: int, logs: dict) -> dict[str, float]:
-    """Print a log entry as both loops do: one JSON line from the caller (rank 0), the step first, numbers as
-    numbers. tqdm.write keeps it clear of a progress bar. Returns the entry."""
+    """Print a log entry as both loops do (on rank 0): one JSON line, the step first, numbers as numbers."""
     entry = {"step": step, **scalars(logs)}
-    tqdm.write(json.dumps(entry))
+    tqdm.write(json.dumps(entry))  # above a progress bar, not through it
     return entry
 
 
