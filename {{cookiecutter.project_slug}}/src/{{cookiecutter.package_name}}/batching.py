@@ -18,7 +18,7 @@ import torch
 from datasets import Dataset
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from .config import ConfigError, check_batch_fits
+from .config import ConfigError, batch_split, check_batch_fits
 from .stopping import keep_through_sigterm
 from .training_args import TrainingArguments
 
@@ -174,9 +174,8 @@ class BatchPlan:
         """Saved in checkpoints. A resumed run must have the same global batch, train size and steps
         per epoch; how the global batch is split (processes x batch x accumulation) may differ."""
         return {"global_batch_size": self.global_batch_size, "train_size": self.train_size,
-                "steps_per_epoch": self.steps_per_epoch, "world_size": self.world_size,
-                "per_device_train_batch_size": self.per_device_batch_size,
-                "gradient_accumulation_steps": self.accumulation_steps}
+                "steps_per_epoch": self.steps_per_epoch} | batch_split(
+                    self.world_size, self.per_device_batch_size, self.accumulation_steps)
 
 
 def resumed_accumulation_steps(saved: dict[str, int] | None, args: TrainingArguments, world_size: int) -> int:

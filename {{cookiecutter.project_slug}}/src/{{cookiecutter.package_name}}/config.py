@@ -141,6 +141,12 @@ def check_training_settings(args: Any) -> None:
 BATCH_PLAN = "batch_plan.json"  # in each checkpoint: how the run that wrote it batched its data
 
 
+def batch_split(world_size: int, per_device_batch_size: int, accumulation_steps: int) -> dict[str, int]:
+    """How a run splits its global batch, as both loops record it in batch_plan.json."""
+    return {"world_size": world_size, "per_device_train_batch_size": per_device_batch_size,
+            "gradient_accumulation_steps": accumulation_steps}
+
+
 def read_batch_plan(checkpoint: Path | None) -> dict[str, int] | None:
     """The batch plan a checkpoint was written under; None without a checkpoint or a plan."""
     path = None if checkpoint is None else Path(checkpoint, BATCH_PLAN)

@@ -1,5 +1,5 @@
-"""Processes in step: torchrun's process group, logging per rank, the first rank first, sharded evaluation
-rows, the gradient check, and one error line per node."""
+"""Processes in step: torchrun's process group, logging per rank, the first rank first, evaluation and
+prediction sharded over the ranks, the gradient check, and one error line per node."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import datasets
@@ -19,7 +19,7 @@ import torch.distributed as dist
 import transformers
 
 from .config import ConfigError
-from .device import DeviceSettings, select_device
+from .device import DeviceSettings, autocast, select_device
 from .torchrun import TorchrunEnv
 
 # How long a process other than the first of its node waits before it exits on a bad setting (print_error).
@@ -126,6 +126,37 @@ def gather_shards(indices: np.ndarray, total: int, *columns: np.ndarray) -> list
                 whole[rows] = values[column]
         gathered.append(whole)
     return gathered
+
+
+@torch.no_grad()
+def sharded_forward(model: torch.nn.Module, rows: datasets.Dataset, batches: Callable, device: torch.device,
+                    precision: str) -> tuple[np.ndarray, np.ndarray | None, float] | None:
+    """Evaluation's and predict's loop: each rank runs its length_sorted_shard through batches(shard), and
+    rank 0 returns every row's logits in row order, with the labels and summed loss of labelled rows (else
+    None and 0.0). The other ranks return None. Every rank of the group must call it."""
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if is_distributed() else (0, 1)
+    model.eval()  # no dropout: the same row gives the same logits every time
+    mine = length_sorted_shard(rows["length"], rank, world_size)
+    labelled = "labels" in rows.column_names
+    logits, labels, loss_sum = [], [], torch.zeros((), device=device)
+    for batch in batches(rows.select(mine)):
+        batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+        with autocast(device, precision):
+            output = model(**batch)
+        logits.append(output.logits.float().cpu())
+        if labelled:
+            loss_sum += output.loss.float() * len(batch["labels"])
+            labels.append(batch["labels"].cpu())
+    # A rank with no rows (fewer rows than ranks) sends empty arrays.
+    columns = [torch.cat(logits).numpy() if logits else np.empty((0, model.config.num_labels), np.float32)]
+    if labelled:
+        columns.append(torch.cat(labels).numpy() if labels else np.empty(0))
+        if is_distributed():
+            dist.reduce(loss_sum, dst=0)
+    gathered = gather_shards(mine, len(rows), *columns)
+    if gathered is None:
+        return None
+    return gathered[0], gathered[1] if labelled else None, float(loss_sum)
 
 
 def setup_logging(is_main_process: bool) -> None:

@@ -1,4 +1,4 @@
-"""Metrics per problem type over exactly the examples given, metrics.json, and the training curves."""
+"""Metrics per problem type over exactly the examples given, log lines, metrics.json, the training curves."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 
 def predict_from_logits(logits: np.ndarray, problem_type: str, threshold: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
@@ -109,6 +110,13 @@ def classification_metrics(predictions: np.ndarray, labels: np.ndarray, label_na
 def scalars(logs: dict) -> dict[str, float]:
     """The numbers of a log entry, for log lines and TensorBoard (per-class tables stay in metrics.json)."""
     return {key: value for key, value in logs.items() if isinstance(value, (int, float))}
+
+
+def write_log_line(step: int, logs: dict) -> dict[str, float]:
+    """Print a log entry as both loops do (on rank 0): one JSON line, the step first, numbers as numbers."""
+    entry = {"step": step, **scalars(logs)}
+    tqdm.write(json.dumps(entry))  # above a progress bar, not through it
+    return entry
 
 
 def write_metrics(output_dir: str, metrics: dict, trained: bool) -> Path:

@@ -14,25 +14,24 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from datasets import Dataset, DatasetDict
 from torch.utils.data import DataLoader
 from transformers import AutoModelForSequenceClassification, HfArgumentParser, PreTrainedModel
 
 from .config import DATA_SUFFIXES, ConfigError, ModelArguments, check_local_path, check_preprocessing_num_workers
 from .data import Task, build_collator, log_truncation, read_files, tokenize_datasets
-from .device import autocast, resolve_device_settings
+from .device import resolve_device_settings
 from .distributed import (
     cleanup_distributed,
-    gather_shards,
-    length_sorted_shard,
     main_process_first,
     print_error,
     setup_logging,
+    sharded_forward,
     start_distributed,
 )
 from .metrics import predict_from_logits
@@ -124,31 +123,14 @@ def predict_file(model: PreTrainedModel, tokenizer, task: Task, input_file: str,
                                   f"{', '.join(rows.column_names)}")
         tokenized = tokenize_datasets(DatasetDict(input=rows), tokenizer, task, num_proc=num_proc)
     log_truncation(tokenized, task.max_seq_length)
-    logits = predict_logits(model, tokenizer, tokenized["input"], batch_size, device, precision)
-    if logits is None:  # not rank 0
+    batches = partial(DataLoader, batch_size=batch_size,
+                      collate_fn=build_collator(tokenizer, mixed_precision=precision != "no"))
+    outputs = sharded_forward(model, tokenized["input"], batches, device, precision)
+    if outputs is None:  # not rank 0
         return None
-    path = write_rows(rows, prediction_columns(logits, task), output_file)
+    path = write_rows(rows, prediction_columns(outputs[0], task), output_file)
     logger.info("%d predictions written to %s", len(rows), path)
     return path
-
-
-@torch.no_grad()
-def predict_logits(model: PreTrainedModel, tokenizer, rows: Dataset, batch_size: int, device: torch.device,
-                   precision: str) -> np.ndarray | None:
-    """Every row's logits, in row order, on rank 0 (None elsewhere). Each rank predicts its
-    length_sorted_shard: similar lengths per batch, and no row twice."""
-    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    model.eval()  # no dropout: the same row gives the same prediction every time
-    mine = length_sorted_shard(rows["length"], rank, world_size)
-    collator = build_collator(tokenizer, mixed_precision=precision != "no")
-    loader = DataLoader(rows.select(mine), batch_size=batch_size, collate_fn=collator)
-    outputs = []
-    for batch in loader:
-        with autocast(device, precision):
-            outputs.append(model(**{key: value.to(device) for key, value in batch.items()}).logits.float().cpu())
-    local = torch.cat(outputs).numpy() if outputs else np.empty((0, model.config.num_labels), dtype=np.float32)
-    gathered = gather_shards(mine, len(rows), local)
-    return None if gathered is None else gathered[0]
 
 
 def prediction_columns(logits: np.ndarray, task: Task) -> dict[str, list]:

@@ -12,17 +12,15 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
-import json
 import logging
 import math
 import sys
 import time
 import warnings
 from dataclasses import dataclass, field
+from functools import partial
 
-import numpy as np
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -37,10 +35,9 @@ from .distributed import (
     agree_on_precision,
     assert_gradients_synchronised,
     cleanup_distributed,
-    gather_shards,
-    length_sorted_shard,
     print_error,
     setup_logging,
+    sharded_forward,
     start_distributed,
 )
 from .meter import LossMeter
@@ -51,6 +48,7 @@ from .metrics import (
     scalars,
     task_metrics,
     whole_run_metrics,
+    write_log_line,
 )
 from .modeling import enable_gradient_checkpointing, load_model, load_tokenizer, parameter_counts, save_lora_base
 from .results import write_results
@@ -304,10 +302,10 @@ def train(job: Job) -> dict[str, float]:
                 logs["learning_rate"] = job.scheduler.get_last_lr()[0]
                 if grad_norm is not None:
                     logs["grad_norm"] = round(float(grad_norm), 4)  # the same on every rank after the all-reduce
-                log(job, logs, bar)
+                log(job, logs)
             if due(args.eval_strategy, args.eval_steps or args.logging_steps, job, end_of_epoch) and not (
                     finished or job.stopped):
-                log(job, evaluate(job), bar)  # the final evaluation follows the loop
+                log(job, evaluate(job))  # the final evaluation follows the loop
                 model.train()
             if saving:
                 job.totals = add_run_totals(earlier, *meter.trained())
@@ -348,52 +346,32 @@ def due(strategy: str, interval: float, job: Job, end_of_epoch: bool) -> bool:
     return job.step % every == 0
 
 
-def log(job: Job, logs: dict[str, float], bar: tqdm) -> None:
+def log(job: Job, logs: dict[str, float]) -> None:
     """One JSON line on rank 0 (and a point for --report_to's tracker), kept in job.history."""
     if not job.env.is_main_process:
         return
-    entry = {"step": job.step, "epoch": round(job.step / job.plan.steps_per_epoch, 3), **scalars(logs)}
-    job.history.append(entry)
-    bar.write(json.dumps(entry))
+    epoch = {"epoch": round(job.step / job.plan.steps_per_epoch, 3)}
+    job.history.append(write_log_line(job.step, epoch | logs))
     if job.tracker is not None:
         job.tracker.log(scalars(logs), job.step)
 
 
-@torch.no_grad()
 def evaluate(job: Job) -> dict[str, float]:
-    """The task's metrics and the loss over every eval example exactly once, whatever the world size.
-
-    Each rank evaluates its distributed.length_sorted_shard (no repeats, similar lengths per batch), and
-    rank 0 gathers the predictions and returns the metrics; the other ranks return {}.
-    """
-    start, env, args = time.perf_counter(), job.env, job.args
-    model = job.module  # not DDP: ranks may run different numbers of eval batches
-    model.eval()
-    mine = length_sorted_shard(job.data.validation["length"], env.rank, env.world_size)
-    shard = job.data.validation.select(mine)
-    loader = build_loader(shard, args, job.collator, args.per_device_eval_batch_size, job.device.type == "cuda")
-    logits, labels, loss_sum = [], [], torch.zeros((), device=job.device)
-    for batch in loader:
-        batch = {key: value.to(job.device, non_blocking=True) for key, value in batch.items()}
-        with autocast(job.device, job.precision):
-            output = model(**batch)
-        loss_sum += output.loss.float() * len(batch["labels"])
-        logits.append(output.logits.float().cpu())
-        labels.append(batch["labels"].cpu())
-    if env.world_size > 1:
-        dist.reduce(loss_sum, dst=0)
-    gathered = gather_shards(mine, len(job.data.validation), *(
-        (torch.cat(logits).numpy(), torch.cat(labels).numpy()) if labels
-        else (np.empty((0, job.module.config.num_labels), dtype=np.float32), np.empty(0))
-    ))
-    if gathered is None:
+    """The task's metrics and the loss over every eval example exactly once, whatever the world size
+    (distributed.sharded_forward), on rank 0; the other ranks return {}."""
+    start, args = time.perf_counter(), job.args
+    batches = partial(build_loader, args=args, collator=job.collator,
+                      batch_size=args.per_device_eval_batch_size, on_gpu=job.device.type == "cuda")
+    # job.module, not DDP: the ranks may run different numbers of eval batches.
+    outputs = sharded_forward(job.module, job.data.validation, batches, job.device, job.precision)
+    if outputs is None:
         return {}
-    all_logits, all_labels = gathered
+    logits, labels, loss_sum = outputs
     task = job.data.task
-    metrics = task_metrics(all_logits, all_labels, task.problem_type, task.label_names, task.multi_label_threshold)
-    metrics["loss"] = float(loss_sum) / max(1, len(all_labels))
+    metrics = task_metrics(logits, labels, task.problem_type, task.label_names, task.multi_label_threshold)
+    metrics["loss"] = loss_sum / max(1, len(labels))
     metrics["runtime"] = round(time.perf_counter() - start, 4)
-    metrics["samples_per_second"] = round(len(all_labels) / metrics["runtime"], 3)
+    metrics["samples_per_second"] = round(len(labels) / metrics["runtime"], 3)
     return {f"eval_{key}": value for key, value in metrics.items()} | {"epoch": job.step / job.plan.steps_per_epoch}
 
 

@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import transformers
-from tqdm.auto import tqdm
 from transformers import EvalPrediction, Trainer, TrainerCallback, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_pt_utils import LengthGroupedSampler
@@ -28,6 +27,7 @@ from .config import (
     ConfigError,
     DataArguments,
     ModelArguments,
+    batch_split,
     check_batch_fits,
     check_same_batch_plan,
     parse_args,
@@ -47,9 +47,9 @@ from .metrics import (
     add_run_totals,
     finished_message,
     is_finished,
-    scalars,
     task_metrics,
     whole_run_metrics,
+    write_log_line,
 )
 from .modeling import classifier_of, load_model, load_tokenizer, parameter_counts, save_lora_base
 from .results import write_results
@@ -150,8 +150,7 @@ class RecordRun(TrainerCallback):
 
 
 def batch_plan(args: TrainingArguments) -> dict[str, int]:
-    return {"world_size": args.world_size, "per_device_train_batch_size": args.per_device_train_batch_size,
-            "gradient_accumulation_steps": args.gradient_accumulation_steps}
+    return batch_split(args.world_size, args.per_device_train_batch_size, args.gradient_accumulation_steps)
 
 
 def check_same_split(checkpoint: Path, args: TrainingArguments) -> None:
@@ -194,7 +193,7 @@ class ComputeMetrics:
 
 
 class JsonLogLines(TrainerCallback):
-    """Each log as one JSON line from rank 0, numbers as numbers, as the native loop writes them.
+    """Each log as one JSON line from rank 0 (metrics.write_log_line, as the native loop writes them).
 
     (The Trainer's own printers format numbers as text and, without a progress bar, print on every node.)
     Also logs at every checkpoint and at the last step, as the native loop does: the logged losses
@@ -207,7 +206,7 @@ class JsonLogLines(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero:
-            tqdm.write(json.dumps({"step": state.global_step, **scalars(logs)}))
+            write_log_line(state.global_step, logs)
 
 
 class ProgressBar(ProgressCallback):
