@@ -516,6 +516,7 @@ def test_predict_file_refuses_an_input_without_the_models_pair_column(smoke_asse
                      str(tmp_path / "out.csv"), batch_size=4, device=torch.device("cpu"))
 
 
+@pytest.mark.slow  # a real launch
 def test_predict_cli_refuses_an_unknown_output_suffix_with_one_error_line(tmp_path: Path) -> None:
     output_file = str(tmp_path / "predictions.txt")
     result = run_python(["-m", f"{PACKAGE}.predict", "--model_name_or_path", str(tmp_path / "model"),

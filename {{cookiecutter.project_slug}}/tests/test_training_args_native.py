@@ -113,6 +113,7 @@ def test_the_flags_it_implements_are_parsed_to_their_types() -> None:
     assert parsed.dataloader_pin_memory is False
 
 
+@pytest.mark.slow  # a real launch
 def test_help_is_short_and_lists_only_this_loops_flags() -> None:
     result = run_python(["-m", f"{PACKAGE}.train", "--help"], timeout=120, env=run_env(COLUMNS="80"))
     assert result.returncode == 0, result.stderr
