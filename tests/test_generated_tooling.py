@@ -37,8 +37,8 @@ DRY_RUNS = {
         "scripts/train_single_node.sh configs/smoke.yaml",
     ],
     "train": [CHECK_PYTHON, "scripts/train_single_node.sh configs/default.yaml"],
-    "test": [CHECK_PYTHON, f'{PYTHON} -m pytest -n 2 -m "not slow"'],
-    "test-all": [CHECK_PYTHON, f"{PYTHON} -m pytest -n 2"],
+    "test": [CHECK_PYTHON, f'{PYTHON} -m pytest -n 2 --dist loadscope -m "not slow"'],
+    "test-all": [CHECK_PYTHON, f"{PYTHON} -m pytest -n 2 --dist loadscope"],
     # No shellcheck next to PYTHON here: the one on PATH.
     "lint": [f"{PYTHON} -m ruff check .", f"shellcheck -x {SCRIPTS}"],
     "format": [f"{PYTHON} -m ruff check --fix ."],
@@ -141,13 +141,14 @@ def test_install_takes_torch_from_the_default_index_with_nvidia_smi_or_as_told(
 
 
 def test_python_is_the_one_given_else_the_venvs_else_python(project_copy):
-    assert commands(make(project_copy, "-n", "test-all"))[-1] == "python -m pytest -n 2"
+    assert commands(make(project_copy, "-n", "test-all"))[-1] == "python -m pytest -n 2 --dist loadscope"
     venv_python = project_copy / ".venv" / "bin" / "python"
     venv_python.parent.mkdir(parents=True)
     venv_python.write_text("")
-    assert commands(make(project_copy, "-n", "test-all"))[-1] == ".venv/bin/python -m pytest -n 2"
-    assert commands(make(project_copy, "-n", "test-all", f"PYTHON={PYTHON}"))[-1] == f"{PYTHON} -m pytest -n 2"
-    assert commands(make(project_copy, "-n", "test-all", env={"PYTHON": PYTHON}))[-1] == f"{PYTHON} -m pytest -n 2"
+    assert commands(make(project_copy, "-n", "test-all"))[-1] == ".venv/bin/python -m pytest -n 2 --dist loadscope"
+    given = f"{PYTHON} -m pytest -n 2 --dist loadscope"
+    assert commands(make(project_copy, "-n", "test-all", f"PYTHON={PYTHON}"))[-1] == given
+    assert commands(make(project_copy, "-n", "test-all", env={"PYTHON": PYTHON}))[-1] == given
 
 
 def test_a_python_without_torch_stops_before_anything_runs_and_says_what_to_do(project_copy, tmp_path):
