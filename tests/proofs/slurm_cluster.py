@@ -17,8 +17,9 @@ Network of the two-node shape (N: a free index 1-250, one per live cluster on th
   so hides the cgroup hierarchy from slurmd), then `unshare --uts --mount` to set the host name and bind a
   private hosts file over /etc/hosts; the machine's own /etc/hosts is never written.
 
-Everything the daemons write (config, munge key and socket, state, spool, logs, pid files) is under the
-folder given. Outside it, and removed again by stop(): the namespaces and the veth above, SLURM's cgroup
+Everything the daemons write (config, munge key and socket, state, logs, pid files) is under the
+folder given. Outside it, and removed again by stop(): slurmd's spool (a short /tmp/slurm-spool-* folder:
+the step sockets named after it must fit 108 bytes), the namespaces and the veth above, SLURM's cgroup
 folders (/sys/fs/cgroup/<controller>/slurm_<node>: the empty ones; only those it added while another live
 cluster has a node of the same name), and a lock
 file /run/slurm_cluster/<N>.json that reserves the index N and lets a later run clean up after a run that
@@ -42,6 +43,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -404,6 +406,9 @@ class SlurmCluster:
         self.conf = self.dir / "etc" / "slurm.conf"
         self.log_dir = self.dir / "log"
         self.munge_socket = self.dir / "munge" / "munge.socket"
+        # slurmd names a Unix socket per step after SlurmdSpoolDir, and such a name may hold 108 bytes: under
+        # a deep pytest tmp folder it would not fit (a batch job then fails to start), so the spool is short.
+        self.spool_dir: Path | None = None
         self.controller_host = socket.gethostname().split(".")[0]
         self.index: int | None = None
         self.node_names: list[str] = []
@@ -614,7 +619,10 @@ class SlurmCluster:
 
     def _prepare(self) -> None:
         self._reserve_index()
-        for sub in ("etc", "munge", "state", "spool", "log", "run"):
+        if self.spool_dir is not None:
+            shutil.rmtree(self.spool_dir, ignore_errors=True)
+        self.spool_dir = Path(tempfile.mkdtemp(prefix="slurm-spool-"))
+        for sub in ("etc", "munge", "state", "log", "run"):
             # A folder used before: a fresh cluster all the same (old job state would come back, and SLURM
             # refuses state saved under another ClusterName).
             if sub != "munge" and (self.dir / sub).is_dir():
@@ -703,7 +711,7 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={self.munge_socket},cred_expire={self.requeue_hold}
 StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool/%n
+SlurmdSpoolDir={self.spool_dir}/%n
 SlurmctldPidFile={d}/run/slurmctld.pid
 SlurmdPidFile={d}/run/slurmd-%n.pid
 SlurmctldLogFile={d}/log/slurmctld.log
@@ -849,6 +857,8 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
         # with the same node names may be using them; then only those this cluster added.
         keep = self._cgroups_before if _node_names_in_use(self.node_names, self._lock) else set()
         _remove_empty_cgroups(self.node_names, keep)
+        if self.spool_dir is not None:
+            shutil.rmtree(self.spool_dir, ignore_errors=True)
         if self._lock is not None:
             self._lock.unlink(missing_ok=True)
         atexit.unregister(self.stop)
