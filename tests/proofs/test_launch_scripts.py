@@ -201,6 +201,20 @@ def test_multi_node_and_slurm_preflights_count_every_node(launcher: Launcher) ->
     assert [call["PREFLIGHT_WORLD_SIZE"] for call in launcher.preflight_calls()] == ["8", "4"]
 
 
+@needs_slurm_script
+def test_slurm_asks_for_the_nodes_this_attempt_holds_not_the_tasks_of_the_submission(launcher: Launcher) -> None:
+    # A requeued job cut from 2 nodes to 1 while it waited: SLURM_NNODES is the new allocation's, SLURM_NTASKS
+    # the submission's (as SLURM 22.05 sets them; tests/test_slurm.py runs it on a real cluster).
+    shrunk = {**SLURM_ENV, "SLURM_JOB_NODELIST": "node1", "SLURM_NNODES": "1", "SLURM_NTASKS": "2",
+              "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_CPUS_PER_NODE": "2", "FAKE_HOST_COUNT": "1"}
+    result = launcher.run("train_slurm.sbatch", **shrunk)
+    assert result.returncode == 0, result.stderr
+    argv = launcher.launch_call()["argv"]
+    assert argv[:5] == ["--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--cpus-per-task=2"]
+    assert "--nnodes=1" in argv
+    assert [call["PREFLIGHT_WORLD_SIZE"] for call in launcher.preflight_calls()] == ["1"]
+
+
 @pytest.mark.parametrize("env", [{"PREFLIGHT": "0"}, {"MODULE": f"{PACKAGE}.doctor"}], ids=["off", "doctor"])
 def test_no_preflight_when_turned_off_or_for_another_module(launcher: Launcher, env: dict) -> None:
     assert launcher.run("train_single_node.sh", NPROC_PER_NODE="1", **env).returncode == 0

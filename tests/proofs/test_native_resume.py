@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import EVAL_SIZE, PACKAGE, REPO_ROOT, TRAIN_SIZE, package_module, read_probe, smoke_flags
+from no_dropout import copy_without_dropout
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from warm_launch import run_python, torchrun
@@ -168,15 +169,7 @@ def test_distributed_eval_equals_a_single_process_eval(uninterrupted: Path, smok
 @pytest.fixture(scope="module")
 def no_dropout_assets(smoke_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The smoke model without dropout, so two runs differ only in how they batch."""
-    assets = tmp_path_factory.mktemp("no_dropout")
-    shutil.copytree(smoke_assets / "tiny-bert", assets / "tiny-bert")
-    for name in ("train.jsonl", "validation.jsonl"):
-        shutil.copy(smoke_assets / name, assets / name)
-    config_path = assets / "tiny-bert" / "config.json"
-    config = json.loads(config_path.read_text())
-    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout=0.0)
-    config_path.write_text(json.dumps(config))
-    return assets
+    return copy_without_dropout(smoke_assets, tmp_path_factory.mktemp("no_dropout"))
 
 
 # Sequential sampling: with 2 ranks, micro-batch k of rank r holds examples 2i + r, so one optimizer

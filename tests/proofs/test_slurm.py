@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import IS_NATIVE, PACKAGE, REPO_ROOT, TRAIN_SIZE, run_env, smoke_flags
+from no_dropout import copy_without_dropout
 from safetensors.torch import load_file
 from slurm_cluster import SlurmCluster, require_netns, require_slurm
 from warm_launch import torchrun
@@ -135,11 +136,7 @@ def run_stopped(cluster: SlurmCluster, folder: Path, assets: Path, nodes: int, s
     """A job stopped once it wrote its first checkpoint, requeued, started again by SLURM, and finished."""
     job = Job(cluster, folder, nodes, [*smoke_flags(assets, folder / "out"), *flags], sbatch=("--cpus-per-task=2",),
               **env)
-    first = f"checkpoint-{STEPS // EPOCHS}"
-    deadline = time.monotonic() + 240
-    while not (job.output_dir / first).is_dir():
-        assert time.monotonic() < deadline, job.text()[-3000:]
-        time.sleep(0.1)
+    wait_for_first_checkpoint(job)
     signalled = time.monotonic()
     stop(cluster, job)
     job.stop_seconds = job.wait_for_log(r"torchrun: stopped by SIGTERM", timeout=120) - signalled
@@ -149,6 +146,14 @@ def run_stopped(cluster: SlurmCluster, folder: Path, assets: Path, nodes: int, s
     # starts it by itself.
     job.info = job.wait_for({"COMPLETED"}, timeout=REQUEUE_HOLD + 120)
     return job
+
+
+def wait_for_first_checkpoint(job: Job, timeout: float = 240) -> None:
+    first = f"checkpoint-{STEPS // EPOCHS}"
+    deadline = time.monotonic() + timeout
+    while not (job.output_dir / first).is_dir():
+        assert time.monotonic() < deadline, job.text()[-3000:]
+        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -195,10 +200,15 @@ if not IS_NATIVE:
         check_stopped_run(job, reference, "time limit", 1, LONG_EPOCHS * STEPS // EPOCHS)
 
 
+def attempts(log: str) -> list[int]:
+    """The attempt numbers of the header lines the script writes at each start of the job."""
+    return [int(n) for n in re.findall(r"^=== job \d+, attempt (\d+)", log, re.MULTILINE)]
+
+
 def check_stopped_run(job: Job, reference: Path, how: str, nodes: int, steps: int) -> None:
     log = job.text()
     assert job.info["JobState"] == "COMPLETED" and job.info["Restarts"] == "1"
-    assert [int(n) for n in re.findall(r"^=== job \d+, attempt (\d+)", log, re.MULTILINE)] == [1, 2]
+    assert attempts(log) == [1, 2]
     saved = [int(step) for step in re.findall(r"stopped by SIGTERM at step (\d+), saved in checkpoint-\1", log)]
     assert len(saved) == 1 and STEPS // EPOCHS <= saved[0] < steps, log[-3000:]
     resumed = r"resumed from \S+checkpoint-(\d+) at step" if IS_NATIVE else r"resuming from checkpoint \S+-(\d+)"
@@ -212,6 +222,91 @@ def check_stopped_run(job: Job, reference: Path, how: str, nodes: int, steps: in
     difference = assert_same_weights(job.output_dir, reference)
     print(f"{how}, {nodes} node(s): signal to exit {job.stop_seconds:.1f} s, saved step {saved[0]}, "
           f"resumed at {saved[0]}, max weight difference {difference:g}")
+
+
+# A job preempted on 2 nodes x 1 process waits in the queue while an administrator short of nodes drains node 2
+# and cuts the job to one node (`scontrol update jobid=N NumTasks=1 NumNodes=1-1`). Its next attempt's
+# SLURM_NNODES and node list are the new allocation's, but SLURM_NTASKS is still the submission's 2: srun must
+# ask for this attempt's nodes, or SLURM refuses the step ("More processors requested than permitted").
+DRAINED = "slurm-node2"
+
+
+def run_cut_to_one_node(cluster: SlurmCluster, folder: Path, assets: Path, ends: str) -> Job:
+    """A 2-node job requeued by SLURM once it wrote its first checkpoint, cut to one node while it waits, and
+    started again there by SLURM; it ends in the state `ends`. Node 2 is back in service afterwards."""
+    job = Job(cluster, folder, 2, [*smoke_flags(assets, folder / "out"), *FLAGS], sbatch=("--cpus-per-task=2",))
+    try:
+        wait_for_first_checkpoint(job)
+        # Drained before the requeue: the job keeps the node until it ends, and then cannot start on 2 nodes
+        # again, however long the update below takes.
+        cluster.run(["scontrol", "update", f"nodename={DRAINED}", "state=drain", "reason=short of nodes"])
+        stop_by_requeue(cluster, job)
+        job.wait_for_log(r"torchrun: stopped by SIGTERM", timeout=120)
+        job.wait_for({"PENDING"}, timeout=120)
+        cluster.run(["scontrol", "update", f"jobid={job.id}", "NumTasks=1", "NumNodes=1-1"])
+        job.info = job.wait_for({ends}, timeout=REQUEUE_HOLD + 120)
+    finally:
+        if job.id in cluster.jobs():  # a failed wait: it must not come back on the node resumed below
+            cluster.cancel(job.id)
+        cluster.run(["scontrol", "update", f"nodename={DRAINED}", "state=resume"])
+    return job
+
+
+def check_cut_to_one_node(job: Job) -> int:
+    """What both loops show: one save on 2 nodes, then one task on the one node left. Returns the saved step."""
+    log = job.text()
+    assert job.info["Restarts"] == "1" and job.info["NodeList"] == "slurm-node1", job.info
+    assert attempts(log) == [1, 2]
+    assert f"SLURM requeues job {job.id} itself" in log
+    assert log.count("torchrun: stopped by SIGTERM: all 1 worker(s) here saved the step they reached") == 2
+    saved = [int(step) for step in re.findall(r"stopped by SIGTERM at step (\d+), saved in checkpoint-\1", log)]
+    assert len(saved) == 1 and STEPS // EPOCHS <= saved[0] < STEPS, log[-3000:]
+    # Each attempt's srun and torchrun ask for the nodes that attempt holds.
+    launches = re.findall(r"^\+ srun --nodes=(\d+) --ntasks=(\d+) .* --nnodes=(\d+) ", log, re.MULTILINE)
+    assert launches == [("2", "2", "2"), ("1", "1", "1")], log[-3000:]
+    assert "Unable to create step" not in log and "can't honor --ntasks-per-node" not in log, log[-3000:]
+    assert re.findall(r"world size (\d+), device", log) == ["2", "1"]
+    return saved[0]
+
+
+@pytest.mark.skipif(not IS_NATIVE, reason="the Trainer refuses another world size (test below)")
+def test_a_requeued_job_cut_to_one_node_resumes_there_and_keeps_the_global_batch_and_the_weights(
+    cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path
+) -> None:
+    # Dropout off: resumed on another world size, each process draws fresh dropout streams, so with dropout
+    # the runs would differ by their masks, not by how they split the batch.
+    assets = copy_without_dropout(smoke_assets, tmp_path / "assets")
+    # The undisturbed run, on 2 processes of this host: what 2 nodes x 1 process compute (the 2-node runs of
+    # the test above end with the 1-node reference's weights), without holding the cluster's nodes.
+    reference = tmp_path / "reference"
+    torchrun(["-m", f"{PACKAGE}.train", *smoke_flags(assets, reference), *FLAGS])
+    job = run_cut_to_one_node(cluster, tmp_path / "job", assets, "COMPLETED")
+    saved = check_cut_to_one_node(job)
+    log = job.text()
+    # 2 processes x batch 16 become 1 x 16 x 2 accumulation steps. Each step then adds the gradients of the
+    # same two micro-batches, each halved, where the all-reduce averaged them: halving is exact in floats, and
+    # two terms add alike in either order, so WEIGHTS_ATOL holds (measured here: a difference of 0).
+    assert "resuming a run of 2 processes on 1: 2 accumulation steps keep its global batch of 32" in log
+    assert [int(step) for step in re.findall(r"resumed from \S+checkpoint-(\d+) at step", log)] == [saved]
+    assert "Traceback" not in log and "DataLoader worker" not in log, log[-3000:]
+    assert json.loads((job.output_dir / "metrics.json").read_text())["train_steps"] == STEPS
+    difference = assert_same_weights(job.output_dir, reference)
+    print(f"cut to one node: saved step {saved} on world size 2, resumed at {saved} on world size 1, "
+          f"max weight difference {difference:g}")
+
+
+@pytest.mark.skipif(IS_NATIVE, reason="the native loop resumes on another world size (test above)")
+def test_a_requeued_job_cut_to_one_node_starts_there_and_the_trainer_refuses_the_other_world_size(
+    cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path
+) -> None:
+    job = run_cut_to_one_node(cluster, tmp_path, smoke_assets, "FAILED")
+    saved = check_cut_to_one_node(job)
+    log = job.text()
+    checkpoint = job.output_dir / f"checkpoint-{saved}"
+    assert (f"error: checkpoint '{checkpoint}' was written by a run with a global batch of 32 (2 processes x "
+            "--per_device_train_batch_size 16 x --gradient_accumulation_steps 1), but this run has a global batch of "
+            "16 (1 process x --per_device_train_batch_size 16 x --gradient_accumulation_steps 1)") in log, log[-3000:]
+    print(f"cut to one node: saved step {saved} on world size 2; the Trainer refused world size 1")
 
 
 def test_a_stop_before_the_training_starts_is_an_error_and_not_requeued(

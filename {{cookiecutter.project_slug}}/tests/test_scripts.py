@@ -235,7 +235,7 @@ def test_slurm_runs_one_torchrun_per_node_meeting_on_the_first_node(
     call = launcher.launch_call()
     assert call["program"] == "srun"
     assert call["argv"] == [
-        "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+        "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
         srun_cpus,  # srun does not always pass the job's CPUs on to its task, which runs every rank
         str(launcher.bin / "python"), "-m", f"{PACKAGE}.torchrun", "--nnodes=2", "--nproc-per-node=1",
         "--rdzv-id=4242", "--rdzv-backend=c10d", "--rdzv-endpoint=node1:29123", "--max-restarts=0",
