@@ -1,13 +1,14 @@
 """Check a run's settings and data in one process, before torchrun starts any worker.
 
-The launch scripts run `python -m <package>.preflight CONFIG [--flag value ...]` first, with the
-train module's own arguments. A bad flag value, a missing file or column, a tokenizer with nothing to
-pad with, LoRA layers or gradient checkpointing the model does not have, labels that do not fit the
-model or the checkpoint the run would resume, or a global batch larger than the data then end there
-with one `error:` line and exit status 2, instead of in every worker followed by torchrun's traceback.
-The workers check the same things again as they go (their files may differ from this node's).
-PREFLIGHT_WORLD_SIZE is the number of processes the launch will start; PREFLIGHT=0 in the launch
-scripts skips this step.
+The launch scripts set PREFLIGHT_WORLD_SIZE, the number of processes the launch will start, and the
+launcher (torchrun.py) runs this in its own process, with the train module's own arguments, before it
+forks the workers: the imports are paid once, for the check and the workers. A bad flag value, a missing
+file or column, a tokenizer with nothing to pad with, LoRA layers or gradient checkpointing the model does
+not have, labels that do not fit the model or the checkpoint the run would resume, or a global batch
+larger than the data then end there with one `error:` line and exit status 2, instead of in every worker
+followed by torchrun's traceback. The workers check the same things again as they go (their files may
+differ from this node's). PREFLIGHT=0 in the launch scripts skips this step; `python -m
+<package>.preflight CONFIG [--flag value ...]` runs it alone.
 """
 
 from __future__ import annotations
@@ -43,10 +44,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments, world_size: int) -> None:
-    # Parsing checked the batch sizes and steps (check_training_settings); the precision the GPUs of this
-    # node support is queried, without claiming one. The loops call the same functions.
+    # Parsing checked the batch sizes and steps (check_training_settings). Whether the GPUs compute in bf16
+    # is a CUDA query, left to the workers: the launcher that runs this forks them, and must not initialise
+    # CUDA. The loops call the same functions.
+    on_gpu = torch.cuda.is_available() and not args.use_cpu
     settings = resolve_device_settings(args.mixed_precision, fp16=args.fp16, bf16=args.bf16, use_cpu=args.use_cpu,
-                                       ddp_backend=args.ddp_backend)
+                                       ddp_backend=args.ddp_backend, bf16_supported=True if on_gpu else None)
     check_local_path(model_args.tokenizer_name or model_args.model_name_or_path)
     check_local_path(model_args.model_name_or_path)
     load_tokenizer(model_args)  # refuses one with neither a pad nor an eos token
@@ -63,9 +66,10 @@ def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingAr
         check_batch_fits(len(raw["train"]), world_size, args.per_device_train_batch_size,
                          args.gradient_accumulation_steps)
     device = "CPU" if settings.use_cpu else f"{torch.cuda.device_count()} GPU(s)"
+    precision = settings.precision if settings.use_cpu else f"{args.mixed_precision} (each worker checks its GPU)"
     logger.info("preflight: %d train and %d eval examples, %s, labels %s, %d process(es) on %s, precision %s: "
                 "settings and data look right", len(raw["train"]), len(raw["validation"]), task.problem_type,
-                task.label_names or "none", world_size, device, settings.precision)
+                task.label_names or "none", world_size, device, precision)
 
 
 def check_labels_fit(model_dir: Path, task: Task, what: str, same_names: bool = False) -> None:
