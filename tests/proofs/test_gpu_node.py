@@ -6,13 +6,14 @@ capability, name and memory, and which one a process pinned. Each worker ends at
 torch.distributed.init_process_group, the first call that needs a real GPU, after writing what it
 chose there (rank, pinned GPU, backend, device_id, timeout) as one JSON line.
 
-Covered here: NPROC_PER_NODE=auto counting the GPUs, the preflight parsing and checking in one process
-on a node of 8 GPUs without claiming one, each rank pinning its own GPU before the process group starts,
-nccl chosen, the group bound to the rank's GPU with --ddp_timeout, mixed precision auto resolving to
-bf16 (capability 8.0 and up) or fp16 (7.x), bf16 and fp16 refused where unsupported, predict alone on
-several GPUs, and the doctor's GPU count and precision check. Out of reach (only a real GPU shows
-them): NCCL itself, training and evaluating on the GPU, autocast and GradScaler, and speed; the
-template's bench/gpu_check.sh runs those on a real GPU.
+Covered here: NPROC_PER_NODE=auto counting the GPUs, the preflight parsing and checking on a node of 8
+GPUs without claiming one, the launcher forking the workers from a process that has not initialised
+CUDA, each rank pinning its own GPU before the process group starts, nccl chosen, the group bound to the
+rank's GPU with --ddp_timeout, mixed precision auto resolving to bf16 (capability 8.0 and up) or fp16
+(7.x), bf16 and fp16 refused where unsupported, predict alone on several GPUs, and the doctor's GPU
+count and precision check. Out of reach (only a real GPU shows them): NCCL itself, training and
+evaluating on the GPU, autocast and GradScaler, and speed; the template's bench/gpu_check.sh runs those
+on a real GPU.
 """
 
 from __future__ import annotations
@@ -58,10 +59,11 @@ def launch(tmp_path: Path, smoke_assets: Path, env: dict[str, str], *flags: str)
 
 def test_the_simulated_node_answers_device_queries_only(tmp_path: Path) -> None:
     env = gpu_node_env(tmp_path, 8, "9.0", CUDA_VISIBLE_DEVICES="1,6")
-    probe = ("import torch; torch.cuda.set_device(1); print(torch.cuda.device_count(), "
-             "torch.cuda.get_device_capability(0), torch.cuda.current_device(), torch.cuda.is_available())")
+    probe = ("import torch; counted = (torch.cuda.device_count(), torch.cuda.is_available()); "
+             "print(*counted, torch.cuda.is_initialized()); torch.cuda.set_device(1); "
+             "print(torch.cuda.get_device_capability(0), torch.cuda.current_device(), torch.cuda.is_initialized())")
     result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
-    assert result.stdout.split() == ["2", "(9,", "0)", "1", "True"]
+    assert result.stdout.split() == ["2", "True", "False", "(9,", "0)", "1", "True"]
     listing = subprocess.run(["nvidia-smi", "-L"], env=env, capture_output=True, text=True, check=True).stdout
     assert len(listing.splitlines()) == 8
 
