@@ -1,7 +1,7 @@
 """Check a run's settings and data in one process, before torchrun starts any worker.
 
 The launch scripts set PREFLIGHT_WORLD_SIZE, the number of processes the launch will start, and the
-launcher (torchrun.py) runs this in its own process, with the train module's own arguments, before it
+launcher (torchrun.py) runs this in a fork of itself, with the train module's own arguments, before it
 forks the workers: the imports are paid once, for the check and the workers. A bad flag value, a missing
 file or column, a tokenizer with nothing to pad with, LoRA layers or gradient checkpointing the model does
 not have, labels that do not fit the model or the checkpoint the run would resume, or a global batch
@@ -44,12 +44,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments, world_size: int) -> None:
-    # Parsing checked the batch sizes and steps (check_training_settings). Whether the GPUs compute in bf16
-    # is a CUDA query, left to the workers: the launcher that runs this forks them, and must not initialise
-    # CUDA. The loops call the same functions.
-    on_gpu = torch.cuda.is_available() and not args.use_cpu
+    # Parsing checked the batch sizes and steps (check_training_settings); the precision the GPUs of this
+    # node support is queried, without claiming one (this runs in a fork: the launcher stays clear of CUDA).
+    # The loops call the same functions.
     settings = resolve_device_settings(args.mixed_precision, fp16=args.fp16, bf16=args.bf16, use_cpu=args.use_cpu,
-                                       ddp_backend=args.ddp_backend, bf16_supported=True if on_gpu else None)
+                                       ddp_backend=args.ddp_backend)
     check_local_path(model_args.tokenizer_name or model_args.model_name_or_path)
     check_local_path(model_args.model_name_or_path)
     load_tokenizer(model_args)  # refuses one with neither a pad nor an eos token
@@ -66,10 +65,9 @@ def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingAr
         check_batch_fits(len(raw["train"]), world_size, args.per_device_train_batch_size,
                          args.gradient_accumulation_steps)
     device = "CPU" if settings.use_cpu else f"{torch.cuda.device_count()} GPU(s)"
-    precision = settings.precision if settings.use_cpu else f"{args.mixed_precision} (each worker checks its GPU)"
     logger.info("preflight: %d train and %d eval examples, %s, labels %s, %d process(es) on %s, precision %s: "
                 "settings and data look right", len(raw["train"]), len(raw["validation"]), task.problem_type,
-                task.label_names or "none", world_size, device, precision)
+                task.label_names or "none", world_size, device, settings.precision)
 
 
 def check_labels_fit(model_dir: Path, task: Task, what: str, same_names: bool = False) -> None:
