@@ -116,7 +116,7 @@ def row_command(row: str, projects: dict[str, Path], data: Path, output_dir: Pat
     if row == "hf":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                 str(hf_example), "--model_name_or_path", str(data / "model"),
-                "--train_file", str(data / "train.jsonl"), "--validation_file", str(data / "validation.jsonl"),
+                "--train_file", str(data / "train.json"), "--validation_file", str(data / "validation.json"),
                 "--text_column_names", "text", "--label_column_name", "label", "--metric_name", str(BENCH / "accuracy"),
                 "--do_train", "--do_eval", "--max_seq_length", str(MAX_TOKENS), "--output_dir", str(output_dir),
                 "--num_train_epochs", "1", "--per_device_train_batch_size", str(BATCH_SIZE),
@@ -269,6 +269,8 @@ def main() -> None:
         projects = {loop: render(scratch / loop, training_loop=loop) for loop in ("native", "trainer")}
         data = scratch / "data"
         write_workload(projects["native"], data, args.train_size, args.eval_size, MODEL_CONFIG)
+        for split in ("train", "validation"):  # run_classification.py takes .csv and .json (JSON lines) files
+            (data / f"{split}.json").symlink_to(f"{split}.jsonl")
         for round_index in range(args.repeats):
             shift = round_index % len(ROWS)
             for row in ROWS[shift:] + ROWS[:shift]:
