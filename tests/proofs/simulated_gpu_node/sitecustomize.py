@@ -11,7 +11,7 @@ process of a launch (the launch scripts' GPU count, the preflight, each torchrun
   that a launcher that would fork its workers from an initialised process stops, as on a real node;
 - the end of the simulation at torch.distributed.init_process_group: the first step that needs a
   real GPU (NCCL binds to it). The call's arguments, this process's pinned device and torchrun's
-  variables are written as one JSON line to SIMULATED_GPU_RECORD, and the process exits 0.
+  variables are written as one JSON line to SIMULATED_GPU_RECORD, and the process ends with SystemExit(0).
 
 Out of its reach, and so untested by it: anything that runs a kernel or allocates GPU memory (NCCL,
 the model on the GPU, autocast, GradScaler, pinned-memory copies, the real bf16 speed of a GPU).
@@ -66,7 +66,7 @@ if os.environ.get("SIMULATED_GPUS"):
         }
         with open(os.environ["SIMULATED_GPU_RECORD"], "a") as out:
             out.write(json.dumps(record) + "\n")
-        os._exit(0)
+        raise SystemExit(0)  # as a finished run ends (a worker forked by the launcher must return, see torchrun.py)
 
     torch.cuda.is_available = lambda: _COUNT > 0
     torch.cuda.device_count = lambda: _COUNT

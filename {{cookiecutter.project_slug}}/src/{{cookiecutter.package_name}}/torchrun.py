@@ -162,8 +162,9 @@ def run_module(argv: list[str]) -> None:
     own (as torchrun gives each command it starts: a SIGTERM for the worker reaches its loader workers),
     default signal handlers, no logging set up, none of the launcher's exit handlers, stdout and stderr
     written line by line (as `python -u`), torch's threads as OMP_NUM_THREADS says. An exception is
-    printed here, as a command prints it, and ends the process with status 1. The exit handlers the
-    module registered run at its end (multiprocessing ends a fork without them).
+    printed here, as a command prints it, and ends the process with status 1; SystemExit(0) (`--help`, for
+    one) returns, as a finished run does: torchrun waits for the return value of a worker that exits 0.
+    The exit handlers the module registered run at its end (multiprocessing ends a fork without them).
     """
     import atexit
     import logging
@@ -189,8 +190,9 @@ def run_module(argv: list[str]) -> None:
         with warnings.catch_warnings():  # that MODULE was imported before it runs: the launcher did, on purpose
             warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
             runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
-    except SystemExit:
-        raise
+    except SystemExit as stop:
+        if stop.code not in (0, None):
+            raise
     except BaseException:  # noqa: BLE001 - reported as a command reports it
         traceback.print_exc()
         raise SystemExit(1) from None
