@@ -236,7 +236,9 @@ def test_a_stop_while_the_workers_start_is_an_error_and_not_requeued(
     cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path
 ) -> None:
     job = Job(cluster, tmp_path, 1, [*smoke_flags(smoke_assets, tmp_path / "out"), *FLAGS])
-    job.wait_for_log(r"\+ srun ")  # torchrun starts: it imports, checks the settings and forks its workers
+    # The launcher runs (its SIGTERM handler is set: a signal to a step whose task has not started is lost):
+    # it checks the settings, then forks its workers, which take seconds to load.
+    job.wait_for_log(r"INFO \w+\.(data|preflight): ")
     time.sleep(1)
     cluster.signal_batch(job.id, "TERM")
     info = job.wait_for({"FAILED"}, timeout=120)
