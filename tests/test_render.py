@@ -142,6 +142,7 @@ COMMON_FILES = {
     f"src/{PACKAGE}/stopping.py",
     f"src/{PACKAGE}/torchrun.py",
     f"src/{PACKAGE}/tracking.py",
+    f"src/{PACKAGE}/worker.py",
     "tests/conftest.py",
     "tests/test_config.py",
     "tests/test_data.py",

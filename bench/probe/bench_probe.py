@@ -111,6 +111,19 @@ class Probe:
         self.path.write_text(json.dumps(record) + "\n")
 
 
+def install_in_forked_ranks(out_dir: str) -> None:
+    """In a launcher that forks its workers: each forked process that runs a forward with RANK set installs
+    the probe then, and counts from that forward on."""
+    def install_on_first_forward(module: torch.nn.Module, args: tuple) -> None:
+        if "RANK" in os.environ and os.getpid() not in installed:
+            installed[os.getpid()] = install(out_dir, int(os.environ["RANK"]))
+            hook.remove()
+            installed[os.getpid()].find_model(module, args)
+
+    installed: dict[int, Probe] = {}
+    hook = register_module_forward_pre_hook(install_on_first_forward)
+
+
 def install(out_dir: str, rank: int) -> Probe:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     return Probe(out_dir, rank, int(os.environ.get("BENCH_PROBE_WARMUP_STEPS", "0")))

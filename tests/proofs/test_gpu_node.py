@@ -6,13 +6,14 @@ capability, name and memory, and which one a process pinned. Each worker ends at
 torch.distributed.init_process_group, the first call that needs a real GPU, after writing what it
 chose there (rank, pinned GPU, backend, device_id, timeout) as one JSON line.
 
-Covered here: NPROC_PER_NODE=auto counting the GPUs, the preflight parsing and checking in one process
-on a node of 8 GPUs without claiming one, each rank pinning its own GPU before the process group starts,
-nccl chosen, the group bound to the rank's GPU with --ddp_timeout, mixed precision auto resolving to
-bf16 (capability 8.0 and up) or fp16 (7.x), bf16 and fp16 refused where unsupported, predict alone on
-several GPUs, and the doctor's GPU count and precision check. Out of reach (only a real GPU shows
-them): NCCL itself, training and evaluating on the GPU, autocast and GradScaler, and speed; the
-template's bench/gpu_check.sh runs those on a real GPU.
+Covered here: NPROC_PER_NODE=auto counting the GPUs, the preflight parsing and checking on a node of 8
+GPUs without claiming one, the launcher forking the workers from a process that has not initialised
+CUDA, each rank pinning its own GPU before the process group starts, nccl chosen, the group bound to the
+rank's GPU with --ddp_timeout, mixed precision auto resolving to bf16 (capability 8.0 and up) or fp16
+(7.x), bf16 and fp16 refused where unsupported, predict alone on several GPUs, and the doctor's GPU
+count and precision check. Out of reach (only a real GPU shows them): NCCL itself, training and
+evaluating on the GPU, autocast and GradScaler, and speed; the template's bench/gpu_check.sh runs those
+on a real GPU.
 """
 
 from __future__ import annotations
@@ -58,10 +59,11 @@ def launch(tmp_path: Path, smoke_assets: Path, env: dict[str, str], *flags: str)
 
 def test_the_simulated_node_answers_device_queries_only(tmp_path: Path) -> None:
     env = gpu_node_env(tmp_path, 8, "9.0", CUDA_VISIBLE_DEVICES="1,6")
-    probe = ("import torch; torch.cuda.set_device(1); print(torch.cuda.device_count(), "
-             "torch.cuda.get_device_capability(0), torch.cuda.current_device(), torch.cuda.is_available())")
+    probe = ("import torch; counted = (torch.cuda.device_count(), torch.cuda.is_available()); "
+             "print(*counted, torch.cuda.is_initialized()); torch.cuda.set_device(1); "
+             "print(torch.cuda.get_device_capability(0), torch.cuda.current_device(), torch.cuda.is_initialized())")
     result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
-    assert result.stdout.split() == ["2", "(9,", "0)", "1", "True"]
+    assert result.stdout.split() == ["2", "True", "False", "(9,", "0)", "1", "True"]
     listing = subprocess.run(["nvidia-smi", "-L"], env=env, capture_output=True, text=True, check=True).stdout
     assert len(listing.splitlines()) == 8
 
@@ -101,15 +103,16 @@ def test_cuda_visible_devices_narrows_auto_and_gpus_without_native_bf16_get_fp16
     (2, "7.5", ["--bf16", "true"], "error: --mixed_precision bf16: this GPU has no native bf16"),
     (0, "8.0", ["--mixed_precision", "fp16"], "error: --mixed_precision fp16 needs a CUDA GPU"),
 ], ids=["bf16 on a V100", "--bf16 on a T4", "fp16 without a GPU"])
-def test_unsupported_precision_is_one_error_line_before_torchrun_starts(
+def test_unsupported_precision_is_one_error_line_before_any_worker_starts(
     smoke_assets: Path, tmp_path: Path, gpus: int, capability: str, flags: list[str], message: str
 ) -> None:
     env = gpu_node_env(tmp_path, gpus, capability, NPROC_PER_NODE="2")
     result = launch(tmp_path, smoke_assets, env, *flags)
     assert result.returncode == 2
-    assert result.stderr.splitlines() == [result.stderr.splitlines()[0]]
-    assert result.stderr.startswith(message)
-    assert ranks(tmp_path) == [] and "torch.distributed.run" not in result.stderr
+    shown, *rest = result.stderr.splitlines()  # the script shows the launcher's command, which checks first
+    assert shown.startswith("+ ") and f"-m {PACKAGE}.torchrun " in shown
+    assert len(rest) == 1 and rest[0].startswith(message), result.stderr
+    assert ranks(tmp_path) == []
 
 
 def test_predict_alone_on_8_gpus_takes_the_first_and_says_so(smoke_assets: Path, tmp_path: Path) -> None:

@@ -312,8 +312,12 @@ def test_a_requeued_job_cut_to_one_node_starts_there_and_the_trainer_refuses_the
 def test_a_stop_before_the_training_starts_is_an_error_and_not_requeued(
     cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path
 ) -> None:
-    job = Job(cluster, tmp_path, 1, [*smoke_flags(smoke_assets, tmp_path / "out"), *FLAGS])
-    job.wait_for_log(r"=== job \d+, attempt 1")  # the preflight runs now: the script starts torchrun after it
+    # NPROC_PER_NODE=auto: the script counts the (simulated) GPUs with torch before it starts srun, seconds
+    # in which the stop comes.
+    pythonpath = os.pathsep.join([str(SIMULATION), os.environ.get("PYTHONPATH", "")])
+    job = Job(cluster, tmp_path, 1, [*smoke_flags(smoke_assets, tmp_path / "out"), *FLAGS], NPROC_PER_NODE="auto",
+              SIMULATED_GPUS="2", SIMULATED_GPU_RECORD=str(tmp_path / "ranks.jsonl"), PYTHONPATH=pythonpath)
+    job.wait_for_log(r"=== job \d+, attempt 1")
     cluster.signal_batch(job.id, "TERM")
     info = job.wait_for({"FAILED"}, timeout=120)
     assert info["Restarts"] == "0" and info["ExitCode"] == "1:0"
@@ -327,7 +331,9 @@ def test_a_stop_while_the_workers_start_is_an_error_and_not_requeued(
     cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path
 ) -> None:
     job = Job(cluster, tmp_path, 1, [*smoke_flags(smoke_assets, tmp_path / "out"), *FLAGS])
-    job.wait_for_log(r"\+ srun ")  # torchrun starts; its workers take seconds to import and load
+    # The launcher runs (its SIGTERM handler is set: a signal to a step whose task has not started is lost):
+    # it checks the settings, then forks its workers, which take seconds to load.
+    job.wait_for_log(r"INFO \w+\.(data|preflight): ")
     time.sleep(1)
     cluster.signal_batch(job.id, "TERM")
     info = job.wait_for({"FAILED"}, timeout=120)

@@ -51,7 +51,7 @@ $USAGE
                    that restarted workers connect (static rendezvous ignores it) [default: 1]
   OMP_NUM_THREADS  threads per process [default: the CPUs this script may use / NPROC_PER_NODE]
   PYTHON           interpreter with torch installed  [default: python, else python3]
-  PREFLIGHT        0 skips the one-process check of the settings and data before torchrun
+  PREFLIGHT        0 skips the check of the settings and data before the workers start
   MODULE           Python module run in every process [default: $PACKAGE_NAME.train];
                    $PACKAGE_NAME.doctor checks the set-up (versions, GPUs, network, backend,
                    output_dir) with the same CONFIG and flags, and trains nothing
@@ -136,16 +136,13 @@ resolve_launch_settings() {
   export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
 }
 
-# preflight WORLD_SIZE ARGS...: check the settings and the data in one process before
-# torchrun starts, so that a bad setting ends with one error line, not one per worker.
+# preflight WORLD_SIZE: have the launcher ($PACKAGE_NAME.torchrun) check the settings and the data for
+# WORLD_SIZE processes before it starts any worker, so that a bad setting ends with one error line
+# (exit status 2), not one per worker. It checks in the process the workers are forked from: the
+# imports are paid once.
 preflight() {
-  local world_size="$1" status=0
-  shift
   [[ "$MODULE" == "$PACKAGE_NAME.train" && "${PREFLIGHT:-1}" != 0 ]] || return 0
-  PREFLIGHT_WORLD_SIZE="$world_size" "$PYTHON" -m "$PACKAGE_NAME.preflight" "$@" || status=$?
-  (( status != 2 )) || exit 2  # a bad setting: preflight printed its error line
-  (( status == 0 )) \
-    || die "the preflight check ($PYTHON -m $PACKAGE_NAME.preflight) failed with status $status: nothing was started"
+  export PREFLIGHT_WORLD_SIZE="$1"
 }
 
 # Prints the command on stderr, after checking that its program exists.

@@ -72,7 +72,7 @@ RDZV_ID="${RDZV_ID:-$PACKAGE_NAME}"
 [[ "$RDZV_ID" =~ ^[A-Za-z0-9_.-]+$ ]] \
   || die "RDZV_ID='$RDZV_ID' is not valid: use letters, digits, '.', '_' and '-' (the same on every node)"
 resolve_launch_settings "$@"
-preflight "$((MAX_NODES * NPROC_PER_NODE))" "$@"
+preflight "$((MAX_NODES * NPROC_PER_NODE))"
 
 cmd=("$PYTHON" -m "$PACKAGE_NAME.torchrun" --nnodes="$NNODES")
 if [[ "$RDZV_BACKEND" == c10d ]]; then

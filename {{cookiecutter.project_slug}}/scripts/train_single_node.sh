@@ -19,7 +19,7 @@ Environment:"
 
 show_usage_if_asked "$@"
 resolve_launch_settings "$@"
-preflight "$NPROC_PER_NODE" "$@"
+preflight "$NPROC_PER_NODE"
 
 # --standalone: the rendezvous on a free local port, so that two runs here do not collide.
 cmd=("$PYTHON" -m "$PACKAGE_NAME.torchrun" --standalone)

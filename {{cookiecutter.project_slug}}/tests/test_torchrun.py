@@ -1,10 +1,14 @@
-"""How `python -m <package>.torchrun` ends after a SIGTERM, from how its workers ended (no real launch:
-the template's tests/proofs/test_preemption.py and test_slurm.py stop real runs)."""
+"""How `python -m <package>.torchrun` starts its workers, and how it ends after a SIGTERM, from how its workers
+ended (no real launch: tests/test_launch_end_to_end.py launches, and the template's tests/proofs/
+test_preemption.py and test_slurm.py stop real runs)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
-from conftest import package_module
+from conftest import PACKAGE, package_module
 
 torchrun = package_module("torchrun")
 SAVED = torchrun.STOPPED_EXIT_CODE
@@ -24,8 +28,33 @@ def test_the_exit_status_says_whether_the_workers_saved_or_finished(
         raise torchrun.WorkersStopped(statuses)
 
     monkeypatch.setattr(torchrun, "run_torchrun", stopped)
+    monkeypatch.setattr(torchrun, "fork_workers_from_here", lambda argv: argv)
     monkeypatch.setattr(torchrun.signal, "signal", lambda *args: None)  # leave pytest's own SIGTERM handling alone
     with pytest.raises(SystemExit) as exit_:
         torchrun.main(["--nproc-per-node=2", "-m", "x"])
     assert exit_.value.code == code
     assert capsys.readouterr().err.startswith(line)
+
+
+def test_module_workers_are_forked_from_the_launcher_once_it_has_imported_the_module(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PREFLIGHT_WORLD_SIZE", raising=False)
+    monkeypatch.delitem(sys.modules, f"{PACKAGE}.meter", raising=False)
+    argv = torchrun.fork_workers_from_here(["--standalone", "-m", "--nproc-per-node=2", f"{PACKAGE}.meter", "-m", "x"])
+    worker = str(Path(torchrun.__file__).with_name("worker.py"))
+    assert argv == ["--standalone", "--nproc-per-node=2", "--run-path", "--start-method=fork", worker,
+                    f"{PACKAGE}.meter", "-m", "x"]
+    assert f"{PACKAGE}.meter" in sys.modules
+    assert torchrun.fork_workers_from_here(["--nproc-per-node=2", "train.py", "-m"]) == [
+        "--nproc-per-node=2", "train.py", "-m"]  # a script: torchrun starts it as a command
+
+
+def test_the_launcher_refuses_to_fork_workers_from_a_process_that_initialised_cuda(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.delenv("PREFLIGHT_WORLD_SIZE", raising=False)
+    monkeypatch.setattr("torch.cuda.is_initialized", lambda: True)
+    with pytest.raises(SystemExit) as exit_:
+        torchrun.fork_workers_from_here(["--nproc-per-node=2", "-m", f"{PACKAGE}.meter"])
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err == (f"error: {PACKAGE}.torchrun initialised CUDA before forking the workers, "
+                                       "which would then fail to use their GPUs: nothing was started\n")

@@ -6,9 +6,12 @@ process of a launch (the launch scripts' GPU count, the preflight, each torchrun
 - device queries answered as on a node of N GPUs: is_available, device_count (CUDA_VISIBLE_DEVICES
   narrows it, as the driver does), get_device_capability, get_device_properties, get_device_name,
   is_bf16_supported, and set_device / current_device, which only record the choice;
+- torch.cuda.is_initialized() true once the process has made one of the queries that initialise CUDA
+  in a real process (all but is_available and device_count, which the launcher makes through NVML), so
+  that a launcher that would fork its workers from an initialised process stops, as on a real node;
 - the end of the simulation at torch.distributed.init_process_group: the first step that needs a
   real GPU (NCCL binds to it). The call's arguments, this process's pinned device and torchrun's
-  variables are written as one JSON line to SIMULATED_GPU_RECORD, and the process exits 0.
+  variables are written as one JSON line to SIMULATED_GPU_RECORD, and the process ends with SystemExit(0).
 
 Out of its reach, and so untested by it: anything that runs a kernel or allocates GPU memory (NCCL,
 the model on the GPU, autocast, GradScaler, pinned-memory copies, the real bf16 speed of a GPU).
@@ -42,6 +45,14 @@ if os.environ.get("SIMULATED_GPUS"):
             raise RuntimeError(f"CUDA error: invalid device ordinal {index} (simulated node: {_COUNT} visible)")
         return index
 
+    _initialised = [False]
+
+    def _initialising(query):
+        def answer(*args, **kwargs):
+            _initialised[0] = True
+            return query(*args, **kwargs)
+        return answer
+
     def _set_device(device) -> None:
         _current[0] = _index(device)
 
@@ -55,14 +66,17 @@ if os.environ.get("SIMULATED_GPUS"):
         }
         with open(os.environ["SIMULATED_GPU_RECORD"], "a") as out:
             out.write(json.dumps(record) + "\n")
-        os._exit(0)
+        raise SystemExit(0)  # as a finished run ends (a worker forked by the launcher must return, see torchrun.py)
 
     torch.cuda.is_available = lambda: _COUNT > 0
     torch.cuda.device_count = lambda: _COUNT
-    torch.cuda.get_device_capability = lambda device=None: (_MAJOR, _MINOR) if _index(device) >= 0 else None
-    torch.cuda.get_device_properties = lambda device=None: _Properties() if _index(device) >= 0 else None
-    torch.cuda.get_device_name = lambda device=None: _NAME if _index(device) >= 0 else None
-    torch.cuda.is_bf16_supported = lambda including_emulation=True: _MAJOR >= 8 or including_emulation
-    torch.cuda.set_device = _set_device
-    torch.cuda.current_device = lambda: _current[0]
+    torch.cuda.get_device_capability = _initialising(lambda device=None: (_MAJOR, _MINOR) if _index(device) >= 0
+                                                     else None)
+    torch.cuda.get_device_properties = _initialising(lambda device=None: _Properties() if _index(device) >= 0
+                                                     else None)
+    torch.cuda.get_device_name = _initialising(lambda device=None: _NAME if _index(device) >= 0 else None)
+    torch.cuda.is_bf16_supported = _initialising(lambda including_emulation=True: _MAJOR >= 8 or including_emulation)
+    torch.cuda.set_device = _initialising(_set_device)
+    torch.cuda.current_device = _initialising(lambda: _current[0])
+    torch.cuda.is_initialized = lambda: _initialised[0]
     torch.distributed.init_process_group = _end_here

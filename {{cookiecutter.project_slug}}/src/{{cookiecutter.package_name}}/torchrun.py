@@ -1,5 +1,14 @@
-"""torchrun as the launch scripts run it: a run stopped by SIGTERM ends with one line, and its exit
-status says whether the workers saved.
+"""torchrun as the launch scripts run it: its workers start with their imports already paid, and a run
+stopped by SIGTERM ends with one line whose exit status says whether the workers saved.
+
+`-m MODULE ARGS` workers are forked from this process once it has imported MODULE (torch, transformers,
+datasets: seconds a process), through torchrun's own `--run-path --start-method fork` with worker.py as
+the script; each then runs `python -m MODULE ARGS` as a new process would (run_module). When
+PREFLIGHT_WORLD_SIZE is set (the launch scripts set it for the train module), the settings and the data
+are first checked for that many processes (preflight.py), in a fork that starts with the same imports: a
+bad setting ends there with one `error:` line and exit status 2, before any worker starts. This process
+never initialises CUDA (a CUDA process cannot be forked safely): it counts GPUs through NVML, and stops
+with one line if anything did. A restart (--max-restarts) forks its workers from here again.
 
 `python -m <package>.torchrun ARGS` is `torchrun ARGS` (torch.distributed.run), but for SIGTERM
 (preemption, a time limit, an eviction, `scancel`). torchrun passes it on to its workers and ends
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import os
 import signal
 import sys
@@ -69,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     if Path("/proc").is_dir():  # where stop_workers can find the workers
         signal.signal(signal.SIGTERM, stop_workers)
     try:
-        run_torchrun(argv)
+        run_torchrun(fork_workers_from_here(argv))
     except WorkersStopped as stopped:
         unsaved = {pid: status for pid, status in stopped.statuses.items() if status != STOPPED_EXIT_CODE}
         if not stopped.statuses:
@@ -87,6 +97,112 @@ def main(argv: list[str] | None = None) -> None:
         print(f"torchrun: stopped by SIGTERM: all {len(stopped.statuses)} worker(s) here saved the step they "
               "reached; the same command resumes there", file=sys.stderr)
         raise SystemExit(STOPPED_EXIT_CODE) from None
+
+
+def fork_workers_from_here(argv: list[str]) -> list[str]:
+    """torchrun's ARGS with `-m MODULE ARGS` rewritten to fork the workers from this process, once it has
+    imported MODULE and run the preflight; other entry points (a script, --no-python) are left as they are."""
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # GPUs counted through NVML, not CUDA
+    import torch
+    from torch.distributed.run import parse_args
+
+    args = parse_args(argv)
+    if not args.module or args.run_path or args.no_python:
+        return argv
+    importlib.import_module(args.training_script)
+    if "PREFLIGHT_WORLD_SIZE" in os.environ and args.training_script == f"{__package__}.train":
+        run_preflight(args.training_script_args)
+    if torch.cuda.is_initialized():
+        print(f"error: {__package__}.torchrun initialised CUDA before forking the workers, which would then fail "
+              "to use their GPUs: nothing was started", file=sys.stderr)
+        raise SystemExit(1)
+    script_at = len(argv) - len(args.training_script_args) - 1  # MODULE, after torchrun's own options
+    options = [arg for arg in argv[:script_at] if arg not in ("-m", "--module")]
+    worker = str(Path(__file__).with_name("worker.py"))
+    flush_output()  # or each fork would write this process's buffered lines again
+    return [*options, "--run-path", "--start-method=fork", worker, *argv[script_at:]]
+
+
+_preflight_pid: int | None = None  # while the preflight runs: stop_workers ends it
+
+
+def run_preflight(train_args: list[str]) -> None:
+    """`python -m <package>.preflight ARGS` in a fork of this process: it starts with the imports paid, and
+    what it touches (CUDA: the Trainer's arguments query the GPU; the logging set-up) stays out of the
+    process the workers are forked from. A bad setting ends here, with the preflight's one line."""
+    global _preflight_pid
+    flush_output()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            run_module([f"{__package__}.preflight", *train_args])
+            status = 0
+        except SystemExit as stop:
+            status = stop.code if isinstance(stop.code, int) else 1
+        finally:
+            flush_output()
+            os._exit(status)
+    _preflight_pid = pid
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    _preflight_pid = None
+    if status == 2:  # a bad setting: the preflight printed its error line
+        raise SystemExit(2)
+    if status != 0:
+        print(f"error: the preflight check ({__package__}.preflight) failed with status {status}: nothing was "
+              "started", file=sys.stderr)
+        raise SystemExit(1)
+
+
+def run_module(argv: list[str]) -> None:
+    """Run `python -m MODULE ARGS` (argv: MODULE ARGS) in this process, forked from this launcher, as a new
+    process would run it: the workers (worker.py) and the preflight.
+
+    A fork starts with its parent's state; here it is put back as a new process has it: a session of its
+    own (as torchrun gives each command it starts: a SIGTERM for the worker reaches its loader workers),
+    default signal handlers, no logging set up, none of the launcher's exit handlers, stdout and stderr
+    written line by line (as `python -u`), torch's threads as OMP_NUM_THREADS says. An exception is
+    printed here, as a command prints it, and ends the process with status 1; SystemExit(0) (`--help`, for
+    one) returns, as a finished run does: torchrun waits for the return value of a worker that exits 0.
+    The exit handlers the module registered run at its end (multiprocessing ends a fork without them).
+    """
+    import atexit
+    import logging
+    import runpy
+    import traceback
+    import warnings
+
+    import torch
+
+    os.setsid()
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    logging.root.handlers.clear()
+    logging.root.setLevel(logging.WARNING)
+    atexit._clear()
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True)
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    sys.argv = list(argv)
+    try:
+        with warnings.catch_warnings():  # that MODULE was imported before it runs: the launcher did, on purpose
+            warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
+            runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        if stop.code not in (0, None):
+            raise
+    except BaseException:  # noqa: BLE001 - reported as a command reports it
+        traceback.print_exc()
+        raise SystemExit(1) from None
+    finally:
+        atexit._run_exitfuncs()
+
+
+def flush_output() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
 
 
 def run_torchrun(argv: list[str]) -> None:
@@ -115,6 +231,10 @@ def run_torchrun(argv: list[str]) -> None:
 def stop_workers(signum: int, frame: object) -> None:
     """SIGTERM: to each worker's process group, as torchrun sends it; then wait for the workers."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once is enough: the workers are stopping
+    if _preflight_pid is not None:  # no worker started yet
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(_preflight_pid, signal.SIGKILL)
+        raise WorkersStopped({})
     workers = child_pids()
     for pid in workers:
         with contextlib.suppress(ProcessLookupError):

@@ -14,17 +14,19 @@ import inspect
 import itertools
 import logging
 import math
+import random
 import sys
 import time
 import warnings
 from dataclasses import dataclass, field
 from functools import partial
 
+import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import PreTrainedTokenizerBase, get_scheduler, set_seed
+from transformers import PreTrainedTokenizerBase, get_scheduler
 
 from .batching import BatchPlan, ResumableSampler, build_loader, build_train_batches
 from .checkpoint import TRAINING_STATE, Checkpointer
@@ -132,6 +134,14 @@ class Job:
         self.step, self.epoch = state["global_step"], state["epoch"]
         self.step_in_epoch = state["step_in_epoch"]
         self.history, self.totals = state["log_history"], state.get("run_totals", {})
+
+
+def set_seed(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's generators (torch's on every device), as transformers' set_seed
+    does; that one lives in its trainer utilities, whose import pulls in peft (seconds) for a run without LoRA."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args: ModelArguments,
