@@ -39,12 +39,12 @@ def test_the_exit_status_says_whether_the_workers_saved_or_finished(
 def test_module_workers_are_forked_from_the_launcher_once_it_has_imported_the_module(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PREFLIGHT_WORLD_SIZE", raising=False)
-    monkeypatch.delitem(sys.modules, f"{PACKAGE}.meter", raising=False)
-    argv = torchrun.fork_workers_from_here(["--standalone", "-m", "--nproc-per-node=2", f"{PACKAGE}.meter", "-m", "x"])
+    monkeypatch.delitem(sys.modules, f"{PACKAGE}.metrics", raising=False)
+    argv = torchrun.fork_workers_from_here(["--standalone", "-m", "--nproc-per-node=2", f"{PACKAGE}.metrics", "-m", "x"])
     worker = str(Path(torchrun.__file__).with_name("worker.py"))
     assert argv == ["--standalone", "--nproc-per-node=2", "--run-path", "--start-method=fork", worker,
-                    f"{PACKAGE}.meter", "-m", "x"]
-    assert f"{PACKAGE}.meter" in sys.modules
+                    f"{PACKAGE}.metrics", "-m", "x"]
+    assert f"{PACKAGE}.metrics" in sys.modules
     assert torchrun.fork_workers_from_here(["--nproc-per-node=2", "train.py", "-m"]) == [
         "--nproc-per-node=2", "train.py", "-m"]  # a script: torchrun starts it as a command
 
@@ -54,7 +54,7 @@ def test_the_launcher_refuses_to_fork_workers_from_a_process_that_initialised_cu
     monkeypatch.delenv("PREFLIGHT_WORLD_SIZE", raising=False)
     monkeypatch.setattr("torch.cuda.is_initialized", lambda: True)
     with pytest.raises(SystemExit) as exit_:
-        torchrun.fork_workers_from_here(["--nproc-per-node=2", "-m", f"{PACKAGE}.meter"])
+        torchrun.fork_workers_from_here(["--nproc-per-node=2", "-m", f"{PACKAGE}.metrics"])
     assert exit_.value.code == 1
     assert capsys.readouterr().err == (f"error: {PACKAGE}.torchrun initialised CUDA before forking the workers, "
                                        "which would then fail to use their GPUs: nothing was started\n")
