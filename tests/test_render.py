@@ -170,6 +170,7 @@ NATIVE_ONLY_FILES = {
     f"src/{PACKAGE}/batching.py",
     f"src/{PACKAGE}/checkpoint.py",
     f"src/{PACKAGE}/meter.py",
+    f"src/{PACKAGE}/sharding.py",
     f"src/{PACKAGE}/trackers.py",
     "tests/test_batching.py",
     "tests/test_native_loop.py",
