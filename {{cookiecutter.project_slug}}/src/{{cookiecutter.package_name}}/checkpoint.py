@@ -122,7 +122,7 @@ class Checkpointer:
                                   "Its place in the epoch only means something under its own batch plan: to "
                                   "continue it, run again with its settings; to train with these, use a new "
                                   "--output_dir (without --resume_from_checkpoint)."))
-        dcp.load(sharded, checkpoint_id=checkpoint / SHARDED_STATE, no_dist=not is_distributed())  # each rank its shards
+        dcp.load(sharded, checkpoint_id=checkpoint / SHARDED_STATE, no_dist=not is_distributed())  # this rank's shards
         set_state_dict(self.model, self.optimizer, model_state_dict=sharded["model"],
                        optim_state_dict=sharded["optimizer"], options=STATE_OPTIONS)
         for name, part in self.parts.items():

@@ -80,7 +80,7 @@ class TrainingArguments:
     ddp_find_unused_parameters: bool = flag(False, "For models that skip parameters.")
     ddp_bucket_cap_mb: int | None = flag(None, "DDP bucket MiB; None: torch's 25.")
     ddp_broadcast_buffers: bool = flag(False, "Sync buffers before each forward.")
-    fsdp: bool = flag(False, "Shard weights, grads, AdamW state (FSDP2).")
+    fsdp: bool = flag(False, "Shard weights, grads, AdamW (FSDP2).")
     # Logging, evaluation and checkpoints; *_steps below 1 is a fraction of all steps
     logging_strategy: str = flag("steps", "When to log the train loss.", STRATEGIES)
     logging_steps: float = flag(10, "Log every N optimizer steps.")
