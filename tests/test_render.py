@@ -644,7 +644,7 @@ def summary_counts(output: str) -> dict[str, int]:
 # tests/conftest.py they use; no render ships them.
 PROOFS = TEMPLATE_DIR / "tests" / "proofs"
 SLURM_PROOFS = ["slurm_cluster.py", "test_slurm.py", "test_slurm_cluster.py", "slow_steps.py"]
-NATIVE_PROOFS = ["test_native_resume.py"]
+NATIVE_PROOFS = ["test_native_resume.py", "test_fsdp.py"]
 # Tests of SLURM's own behaviour, which never import the package: the first suite run proves them.
 LOOP_INDEPENDENT_TESTS = ["tests/test_slurm_cluster.py"]
 

@@ -6,7 +6,7 @@ output_dir/checkpoint-N holds:
   written once. DCP reshards on load, so a checkpoint resumes on another number of processes and with or
   without --fsdp, whichever wrote it. With LoRA only the trainable tensors (adapters and head), not the
   frozen base.
-- config.json (with LoRA, adapter_config.json), the tokenizer and batch_plan.json;
+- config.json (with LoRA, adapter_config.json instead), the tokenizer and batch_plan.json;
 - training_state.pt, written last: the state_dict() of the other parts the loop hands the Checkpointer
   (schedule, scaler, and its own place in the data, log history and time trained), every rank's RNG
   state, and the labels and model type a resume must match.
@@ -86,9 +86,10 @@ class Checkpointer:
         # Returns once every rank's shards are written (no_dist: one process, with or without a group).
         dcp.save(self.sharded_state(), checkpoint_id=temporary / SHARDED_STATE, no_dist=not is_distributed())
         if rng_states is not None:
-            self.model.config.save_pretrained(temporary)
-            if is_lora(self.model):
-                self.model.peft_config["default"].save_pretrained(temporary)  # adapter_config.json: its LoRA rank
+            if is_lora(self.model):  # adapter_config.json, its LoRA rank; no config.json, as its weights are no model
+                self.model.peft_config["default"].save_pretrained(temporary)
+            else:
+                self.model.config.save_pretrained(temporary)
             self.tokenizer.save_pretrained(temporary)
             # Also on its own: a resume reads it before it builds the loader (config.read_batch_plan).
             (temporary / BATCH_PLAN).write_text(json.dumps(self.batch_plan) + "\n")
