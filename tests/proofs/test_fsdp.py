@@ -129,6 +129,14 @@ def test_a_checkpoint_holds_each_ranks_shards_in_the_format_ddp_writes(ddp: dict
     assert [path.name for path in fsdp["output_dir"].iterdir() if "tmp" in path.name] == []
 
 
+def test_predict_refuses_a_sharded_checkpoint_and_points_to_output_dir(fsdp: dict) -> None:
+    folder = str(fsdp["output_dir"] / f"checkpoint-{RESUMED_AT}")
+    with pytest.raises(package_module("config").ConfigError, match=(
+            f"^--model_name_or_path '{folder}' is a checkpoint to resume from, its weights sharded in "
+            "model_and_optimizer/: predict from the run's output_dir, which holds the final model$")):
+        package_module("predict").load_trained_model(folder, torch.device("cpu"))
+
+
 # ---- resuming across wrappings and world sizes -------------------------------------------------
 
 
