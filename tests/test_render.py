@@ -468,6 +468,7 @@ README_TEXT_ONLY_FOR = {
         "`batching.py`",
         "`checkpoint.py`",
         "`meter.py`",
+        "`sharding.py`",
         "`trackers.py`",
         "the `GradScaler` skipped",
         "any other is refused by the parser",
