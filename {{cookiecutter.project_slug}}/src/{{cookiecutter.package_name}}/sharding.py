@@ -49,7 +49,8 @@ def shard_model(model: torch.nn.Module, device: torch.device, world_size: int, p
 
     Mixed precision is FSDP's own: each block is gathered and computes in bf16 or fp16 (param_dtype), its
     gradients are reduced in fp32 (reduce_dtype), and the shards AdamW steps stay fp32. autocast is not
-    used on top (train.py), as torchtitan does.
+    used on top (train.py), as torchtitan does. Each rank keeps its slice of its own copy, where DDP
+    broadcasts rank 0's: the copies must be equal, as build_job makes them (the same seed everywhere).
     """
     mesh = init_device_mesh(device.type, (world_size,))  # explicit: on CPU too (gloo), not the default CUDA one
     policy = MixedPrecisionPolicy(param_dtype=DTYPES[precision], reduce_dtype=torch.float32)
