@@ -45,6 +45,7 @@ from workload import imdb_like_rows, render, save_model, smoke_module, write_jso
 
 BENCH = Path(__file__).resolve().parent
 LOOPS = ("native", "trainer")
+FSDP_LOOPS = ("native",)  # the loops whose --fsdp run on 2 or more GPUs is checked
 PROJECT = "text-classifier"  # the default answers' project folder
 BERT_BASE = {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
              "intermediate_size": 3072}
@@ -166,22 +167,32 @@ def throughput(loop: str, project: Path, data: Path, workdir: Path, sizes: dict,
     }
 
 
-def several_gpus(loop: str, project: Path, data: Path, workdir: Path, sizes: dict, gpus: str) -> dict:
+def several_gpus(loop: str, project: Path, data: Path, workdir: Path, sizes: dict, gpus: str,
+                 fsdp: bool = False) -> dict:
     """The launch as users start it on a node of several GPUs: NPROC_PER_NODE=auto, one process per GPU, nccl.
 
     One process on one GPU cannot show what only several processes on one node do (the preflight
-    parsing on a node of many GPUs, each rank pinning its own, NCCL between them).
+    parsing on a node of many GPUs, each rank pinning its own, NCCL between them). With fsdp, the same
+    run with --fsdp true and a checkpoint at step 10 and 20: it passes when it also leaves the sharded
+    checkpoint and the gathered final model.
     """
-    run_dir = workdir / f"several-{loop}"
+    run_dir = workdir / f"several-{loop}{'-fsdp' if fsdp else ''}"
     flags = ["--model_name_or_path", str(data / "model-float32"), "--train_file", str(data / "train.jsonl"),
              "--validation_file", str(data / "validation.jsonl"), "--max_steps", "20",
              "--per_device_train_batch_size", str(sizes["batch"]), "--per_device_eval_batch_size", str(sizes["batch"]),
              "--mixed_precision", "auto", "--eval_strategy", "no", "--save_strategy", "no"]
+    if fsdp:
+        flags += ["--fsdp", "true", "--save_strategy", "steps", "--save_steps", "10"]
     result, wall = train(project, run_dir, flags, warmup=0, NPROC_PER_NODE="auto", CUDA_VISIBLE_DEVICES=gpus)
     count = len(gpus.split(","))
     passed = result.returncode == 0 and f"world size {count}, device cuda:0, backend nccl" in result.stdout
+    if fsdp and passed:
+        output = run_dir / "output"
+        passed = (f"root sharded over {count} ranks" in result.stdout and (output / "model.safetensors").is_file()
+                  and (output / "checkpoint-20" / "model_and_optimizer" / ".metadata").is_file())
     detail = f"{count} processes, exit {result.returncode}" + ("" if passed else f": {last_error(result)}")
-    return {"loop": loop, "gpus": count, "wall_s": round(wall, 1), "passed": passed, "detail": detail}
+    return {"loop": f"{loop} --fsdp" if fsdp else loop, "gpus": count, "wall_s": round(wall, 1), "passed": passed,
+            "detail": detail}
 
 
 def half_precision(loop: str, project: Path, data: Path, workdir: Path, sizes: dict, dtype: str, precision: str):
@@ -295,6 +306,13 @@ def main() -> int:
                     fail(f"{loop} on {several['gpus']} GPUs: {several['detail']}")
                 print(f"{loop} on {several['gpus']} GPUs: {'pass' if several['passed'] else 'FAIL'}", file=sys.stderr,
                       flush=True)
+            for loop in FSDP_LOOPS:
+                several = several_gpus(loop, projects[loop], data, workdir, sizes, every_gpu, fsdp=True)
+                severals.append(several)
+                if not several["passed"]:
+                    fail(f"{several['loop']} on {several['gpus']} GPUs: {several['detail']}")
+                print(f"{several['loop']} on {several['gpus']} GPUs: {'pass' if several['passed'] else 'FAIL'}",
+                      file=sys.stderr, flush=True)
         else:
             print("one GPU here: the run with one process per GPU needs 2 or more", file=sys.stderr, flush=True)
     finally:

@@ -69,6 +69,7 @@ KEPT_ONLY_WHEN = {
         "src/{package}/batching.py",
         "src/{package}/checkpoint.py",
         "src/{package}/meter.py",
+        "src/{package}/sharding.py",
         "src/{package}/trackers.py",
         "tests/test_batching.py",
         "tests/test_native_loop.py",

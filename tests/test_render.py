@@ -171,6 +171,7 @@ NATIVE_ONLY_FILES = {
     f"src/{PACKAGE}/batching.py",
     f"src/{PACKAGE}/checkpoint.py",
     f"src/{PACKAGE}/meter.py",
+    f"src/{PACKAGE}/sharding.py",
     f"src/{PACKAGE}/trackers.py",
     "tests/test_batching.py",
     "tests/test_native_loop.py",
@@ -468,6 +469,7 @@ README_TEXT_ONLY_FOR = {
         "`batching.py`",
         "`checkpoint.py`",
         "`meter.py`",
+        "`sharding.py`",
         "`trackers.py`",
         "the `GradScaler` skipped",
         "any other is refused by the parser",
@@ -644,7 +646,7 @@ def summary_counts(output: str) -> dict[str, int]:
 # tests/conftest.py they use; no render ships them.
 PROOFS = TEMPLATE_DIR / "tests" / "proofs"
 SLURM_PROOFS = ["slurm_cluster.py", "test_slurm.py", "test_slurm_cluster.py", "slow_steps.py"]
-NATIVE_PROOFS = ["test_native_resume.py"]
+NATIVE_PROOFS = ["test_native_resume.py", "test_fsdp.py"]
 # Tests of SLURM's own behaviour, which never import the package: the first suite run proves them.
 LOOP_INDEPENDENT_TESTS = ["tests/test_slurm_cluster.py"]
 

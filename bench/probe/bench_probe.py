@@ -13,6 +13,9 @@ torch offers for this, and writes BENCH_PROBE_DIR/rank<RANK>.json when the proce
   them). Eval forwards are not counted;
 - the CPU time the process used in the window (time.process_time()), which other work on the
   machine changes less than wall time;
+- after the first optimizer step, the bytes this rank holds in the model's parameters, their gradients
+  and the optimizer's state tensors: under FSDP its shards (DTensor.to_local()), under DDP every
+  tensor whole;
 - at exit: the process's peak resident set size (getrusage's ru_maxrss, in KiB on Linux).
 
 The counted window runs from the first train forward, or with BENCH_PROBE_WARMUP_STEPS=N from the
@@ -47,6 +50,8 @@ class Probe:
         self.samples = self.processed_tokens = 0
         self.real: torch.Tensor | None = None  # [real tokens, sum of squared real lengths], on the model's device
         self.on_gpu = False
+        self.model: torch.nn.Module | None = None
+        self.state_bytes: dict[str, int] | None = None
         self.start_event = self.end_event = None
         self.finder = register_module_forward_pre_hook(self.find_model)
         register_optimizer_step_post_hook(self.after_step)
@@ -62,7 +67,7 @@ class Probe:
         if not (module.training and type(module).__name__.endswith(MODEL_SUFFIX)):
             return
         self.finder.remove()
-        self.first_forward = time.time()
+        self.model, self.first_forward = module, time.time()
         self.on_gpu = next(module.parameters()).is_cuda
         if self.warmup_steps == 0:
             self.open_window()
@@ -88,6 +93,8 @@ class Probe:
         if self.first_step is None:
             self.first_step = self.last_step
         self.steps += 1
+        if self.steps == 1 and self.model is not None:
+            self.state_bytes = held_bytes(self.model, optimizer)
         if self.steps == self.warmup_steps:
             self.open_window()
         elif self.on_gpu and self.counting:
@@ -107,6 +114,7 @@ class Probe:
             "real_tokens": real_tokens, "squared_lengths": squared_lengths, "gpu_window_seconds": gpu_window_seconds,
             "window_cpu_seconds": None if self.window_cpu_start is None else self.last_step_cpu - self.window_cpu_start,
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "state_bytes": self.state_bytes,
         }
         self.path.write_text(json.dumps(record) + "\n")
 
@@ -122,6 +130,23 @@ def install_in_forked_ranks(out_dir: str) -> None:
 
     installed: dict[int, Probe] = {}
     hook = register_module_forward_pre_hook(install_on_first_forward)
+
+
+def local_bytes(tensor: torch.Tensor) -> int:
+    """The bytes of this rank's part of a tensor: its shard if it is a DTensor (FSDP), else all of it."""
+    tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return tensor.numel() * tensor.element_size()
+
+
+def held_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Parameters (frozen ones too), gradients and optimizer state, as this rank holds them."""
+    parameters = list(model.parameters())
+    return {
+        "parameters": sum(local_bytes(p) for p in parameters),
+        "gradients": sum(local_bytes(p.grad) for p in parameters if p.grad is not None),
+        "optimizer": sum(local_bytes(value) for state in optimizer.state.values() for value in state.values()
+                         if isinstance(value, torch.Tensor)),
+    }
 
 
 def install(out_dir: str, rank: int) -> Probe:

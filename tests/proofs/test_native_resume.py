@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from conftest import EVAL_SIZE, PACKAGE, REPO_ROOT, TRAIN_SIZE, package_module, read_probe, smoke_flags
 from no_dropout import copy_without_dropout
 from safetensors.torch import load_file
@@ -26,7 +27,7 @@ batching = package_module("batching")
 classification_metrics = package_module("metrics").classification_metrics
 config = package_module("config")
 train = package_module("train")
-TRAINING_STATE = package_module("checkpoint").TRAINING_STATE
+TRAINING_STATE, SHARDED_STATE = package_module("checkpoint").TRAINING_STATE, package_module("checkpoint").SHARDED_STATE
 
 PROBE = str(REPO_ROOT / "tests" / "ddp_probe.py")
 STEPS_PER_EPOCH = TRAIN_SIZE // (2 * 16)  # 2 ranks x per-device batch 16 (configs/smoke.yaml)
@@ -123,8 +124,15 @@ def test_atomic_save_leaves_no_temporary_folder(uninterrupted: Path, resumed: Pa
 def test_checkpoint_holds_model_tokenizer_and_every_ranks_training_state(uninterrupted: Path) -> None:
     checkpoint = uninterrupted / f"checkpoint-{INTERRUPTED_AT}"
     assert {path.name for path in checkpoint.iterdir()} == {
-        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "batch_plan.json",
-        TRAINING_STATE}
+        "config.json", SHARDED_STATE, "tokenizer.json", "tokenizer_config.json", "batch_plan.json", TRAINING_STATE}
+    # Weights and AdamW's state through torch.distributed.checkpoint: DDP's ranks hold the same tensors,
+    # written once, spread over both ranks' files.
+    assert {path.name for path in (checkpoint / SHARDED_STATE).iterdir()} == {".metadata", "__0_0.distcp",
+                                                                              "__1_0.distcp"}
+    saved = dcp.FileSystemReader(checkpoint / SHARDED_STATE).read_metadata().state_dict_metadata
+    weights = load_file(uninterrupted / "model.safetensors")
+    assert {name.removeprefix("model.") for name in saved if name.startswith("model.")} == weights.keys()
+    assert {f"optimizer.state.{name}.exp_avg" for name in weights} <= saved.keys()
     state = torch.load(checkpoint / TRAINING_STATE, map_location="cpu", weights_only=True)
     assert (state["global_step"], state["epoch"], state["step_in_epoch"]) == (
         INTERRUPTED_AT, INTERRUPTED_AT // STEPS_PER_EPOCH, INTERRUPTED_AT % STEPS_PER_EPOCH
@@ -134,7 +142,7 @@ def test_checkpoint_holds_model_tokenizer_and_every_ranks_training_state(uninter
                                    "steps_per_epoch": STEPS_PER_EPOCH}
     assert json.loads((checkpoint / "batch_plan.json").read_text()) == state["batch_plan"]
     assert state["labels"] == ["negative", "positive"]
-    assert {"optimizer", "scheduler", "scaler"} <= state.keys()
+    assert {"scheduler", "scaler"} <= state.keys() and "optimizer" not in state
     rank0, rank1 = state["rng_states"]
     assert not torch.equal(rank0["torch"], rank1["torch"]), "dropout streams should differ between ranks"
 

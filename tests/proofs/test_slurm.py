@@ -205,6 +205,20 @@ def attempts(log: str) -> list[int]:
     return [int(n) for n in re.findall(r"^=== job \d+, attempt (\d+)", log, re.MULTILINE)]
 
 
+if IS_NATIVE:
+
+    def test_an_fsdp_job_on_two_nodes_is_requeued_resumes_its_shards_and_ends_with_the_undisturbed_weights(
+        cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path
+    ) -> None:
+        """--fsdp across two nodes: each rank writes its shards, and the requeued job reads them back."""
+        flags = [*FLAGS, "--fsdp", "true"]
+        reference = tmp_path / "reference"
+        torchrun(["-m", f"{PACKAGE}.train", *smoke_flags(smoke_assets, reference), *flags])
+        job = run_stopped(cluster, tmp_path / "requeued", smoke_assets, 2, stop_by_requeue, flags)
+        assert job.text().count("FSDP: 2 FSDPBertLayer blocks and the root sharded over 2 ranks") == 2  # per attempt
+        check_stopped_run(job, reference, "scontrol requeue", 2, STEPS)
+
+
 def check_stopped_run(job: Job, reference: Path, how: str, nodes: int, steps: int) -> None:
     log = job.text()
     assert job.info["JobState"] == "COMPLETED" and job.info["Restarts"] == "1"

@@ -1,5 +1,6 @@
-"""The native loop's step, in this process (no torchrun): a loader shorter than the batch plan, and a step
-the fp16 GradScaler skips. Resume, accumulation and checkpoints, trained for real: the template's proofs."""
+"""The native loop's step, in this process (no torchrun): a loader shorter than the batch plan, a step
+the fp16 GradScaler skips, --fsdp on one process, and what a checkpoint must hold. Resume, accumulation,
+checkpoints and FSDP on two processes, trained for real: the template's proofs."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import torch
 from conftest import package_module, smoke_flags
 
 batching = package_module("batching")
+checkpoint = package_module("checkpoint")
 config = package_module("config")
+sharding = package_module("sharding")
 train = package_module("train")
 
 
@@ -55,3 +58,28 @@ def test_a_step_the_grad_scaler_skips_leaves_the_schedule_where_it_was(build_job
     logged = {entry["step"]: entry["learning_rate"] for entry in job.history}
     assert logged == pytest.approx({step: job.args.learning_rate * (step - 1) / 4 for step in logged})
     assert list(logged) == ([1, 2, 3] if logging_steps == "1" else [2, 3])
+
+
+def test_fsdp_on_one_process_trains_the_whole_model_after_finding_its_blocks(build_job, caplog) -> None:
+    """The config of a multi-GPU FSDP run, debugged on one process: accepted, and nothing is sharded."""
+    with caplog.at_level("INFO"):
+        job = build_job("--fsdp", "true")
+    assert job.model is job.module and not sharding.is_sharded(job.module)
+    assert "--fsdp on one process: nothing to shard, the model trains whole" in caplog.text
+    assert sharding.transformer_blocks(job.module) is job.module.bert.encoder.layer
+
+
+def test_fsdp_refuses_a_model_without_repeated_blocks() -> None:
+    with pytest.raises(config.ConfigError, match=r"^--fsdp: found no list of repeated transformer blocks in "
+                                                 r"Sequential to shard one by one; train it without --fsdp$"):
+        sharding.transformer_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)))
+
+
+def test_a_checkpoint_without_sharded_state_is_refused_as_an_older_versions(tmp_path: Path) -> None:
+    """Before torch.distributed.checkpoint, weights were in model.safetensors, the optimizer in training_state.pt."""
+    for name in (checkpoint.TRAINING_STATE, config.BATCH_PLAN, "model.safetensors"):
+        (tmp_path / name).write_text("{}")
+    assert checkpoint.checkpoint_problem(tmp_path) == (
+        "holds no model_and_optimizer/: an older version of this loop wrote it; resume it with that version")
+    (tmp_path / checkpoint.SHARDED_STATE).mkdir()
+    assert checkpoint.checkpoint_problem(tmp_path) is None

@@ -35,6 +35,7 @@ OWN_DEFAULTS = {
     "disable_tqdm": False,  # None: on unless the log level hides it
     "dataloader_num_workers": None,  # 0: here None sizes the loaders to this process's share of the CPUs
     "gradient_checkpointing": False,  # None: transformers' deprecated alias of activation_checkpointing
+    "fsdp": False,  # transformers' is a string of FSDP options; here true or false
 }
 
 
@@ -118,7 +119,7 @@ def test_help_is_short_and_lists_only_this_loops_flags() -> None:
     result = run_python(["-m", f"{PACKAGE}.train", "--help"], timeout=120, env=run_env(COLUMNS="80"))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert len(lines) <= 160
+    assert len(lines) <= 161
     listed = set(re.findall(r"^  --(\w+)", result.stdout, flags=re.MULTILINE))
     fields = {field.name for group in (config.ModelArguments, config.DataArguments, TrainingArguments)
               for field in dataclasses.fields(group)}
@@ -152,6 +153,18 @@ WHOLE_OR_FRACTION = "use a whole number of steps, or a fraction of the run below
 def test_bad_step_and_batch_counts_are_refused(flag: str, value: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse(flag, value)
+
+
+@pytest.mark.parametrize(("flag", "value", "default"), [
+    ("--ddp_find_unused_parameters", "true", "False"), ("--ddp_bucket_cap_mb", "50", "None"),
+    ("--ddp_broadcast_buffers", "true", "False"),
+])
+def test_fsdp_refuses_the_ddp_settings_it_would_ignore(flag: str, value: str, default: str) -> None:
+    assert parse("--fsdp", "true").fsdp
+    parsed_value = value.capitalize() if default == "False" else value  # as the message prints the parsed bool
+    message = f"{flag} {parsed_value} is a DDP setting, which --fsdp does not use; leave it at {default}"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse("--fsdp", "true", flag, value)
 
 
 def test_fractional_intervals_below_one_are_accepted() -> None:

@@ -1,11 +1,19 @@
 """The native loop's checkpoints: save (atomically), load and rotate (resume.py finds the newest).
 
-output_dir/checkpoint-N holds the model and tokenizer (save_pretrained; with LoRA, the adapters and the
-head but not the frozen base), batch_plan.json, and training_state.pt: the state_dict() of each part the
-loop hands the Checkpointer (optimizer, schedule, scaler, and its own place in the data, log history and
-time trained), every rank's RNG state, and the labels and model type a resume must match. As torchtitan's
-checkpointer, it knows those parts only by state_dict() and load_state_dict(), and nothing of the loop.
-Rank 0 fills tmp-checkpoint-N and renames it in one step, so a folder named checkpoint-N is complete.
+output_dir/checkpoint-N holds:
+- model_and_optimizer/: the trained weights and AdamW's state, written by torch.distributed.checkpoint
+  (DCP). Under --fsdp each rank writes its shards; under DDP, whose ranks hold the same, each tensor is
+  written once. DCP reshards on load, so a checkpoint resumes on another number of processes and with or
+  without --fsdp, whichever wrote it. With LoRA only the trainable tensors (adapters and head), not the
+  frozen base.
+- config.json (with LoRA, adapter_config.json instead), the tokenizer and batch_plan.json;
+- training_state.pt, written last: the state_dict() of the other parts the loop hands the Checkpointer
+  (schedule, scaler, and its own place in the data, log history and time trained), every rank's RNG
+  state, and the labels and model type a resume must match.
+As torchtitan's checkpointer, it knows those parts only by state_dict() and load_state_dict(), and nothing
+of the loop. Every rank writes into tmp-checkpoint-N, which rank 0 renames in one step once it is whole,
+so a folder named checkpoint-N is complete. The final model in output_dir is no checkpoint: train.py
+writes it with save_pretrained.
 """
 
 from __future__ import annotations
@@ -18,22 +26,25 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-import safetensors.torch
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from transformers import PreTrainedTokenizerBase
 
 from . import resume
 from .config import BATCH_PLAN, ConfigError, check_same_batch_plan
 from .distributed import is_distributed
-from .modeling import check_same_lora, is_lora, read_weights
+from .modeling import check_same_lora, is_lora
 from .training_args import CHECKPOINT_LAST_FILE as TRAINING_STATE
 
-ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's save_pretrained: a LoRA model's adapters and head
+SHARDED_STATE = "model_and_optimizer"  # DCP's folder in each checkpoint
+# The frozen base of a LoRA model is the pretrained one: not saved in every checkpoint.
+STATE_OPTIONS = StateDictOptions(ignore_frozen_params=True)
 
 
 class Stateful(Protocol):
-    """What a checkpoint saves and restores: torch's optimizers, schedules and GradScaler have these two."""
+    """What a checkpoint saves and restores: torch's schedules and GradScaler have these two."""
 
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
@@ -45,7 +56,8 @@ class Checkpointer:
 
     output_dir: str | Path
     save_total_limit: int | None
-    model: torch.nn.Module  # the model itself, not its DDP wrapper (with LoRA, in its peft wrapper)
+    model: torch.nn.Module  # the model itself (sharded in place under FSDP), not a DDP wrapper
+    optimizer: torch.optim.Optimizer  # saved with the model through DCP: its state is sharded as the weights are
     tokenizer: PreTrainedTokenizerBase
     labels: list[str]  # what this run trains for: a checkpoint of other labels is refused
     batch_plan: dict[str, int]  # BatchPlan.as_dict(): a checkpoint of another global batch is refused
@@ -53,18 +65,31 @@ class Checkpointer:
     position: Stateful  # the loop's place in the run: its keys stand at the top of training_state.pt
 
     def save(self, step: int) -> None:
-        """Write checkpoint-<step>. Every rank takes part: each sends its RNG state to rank 0.
+        """Write checkpoint-<step>. Every rank takes part: each writes its shards and sends its RNG state to rank 0.
 
         A crash mid-save leaves only tmp-checkpoint-N, which resume ignores, never a broken newest
         checkpoint. (Nothing is fsynced: after a power loss some filesystems could keep the rename but
         not the data.)
         """
-        rng_states = gather_rng_states()
+        rng_states = gather_rng_states()  # on rank 0; None on the others
         final = Path(self.output_dir, f"checkpoint-{step}")
-        if rng_states is not None and not final.exists():  # rank 0; it exists after a resume at the last step
-            temporary = final.with_name(f"tmp-{final.name}")
+        temporary = final.with_name(f"tmp-{final.name}")
+        writing = [not final.exists()]  # it exists after a resume at the last step
+        if is_distributed():
+            dist.broadcast_object_list(writing, src=0)  # rank 0's view: DCP's save needs every rank or none
+        if not writing[0]:
+            return
+        if rng_states is not None:
             shutil.rmtree(temporary, ignore_errors=True)
-            self.model.save_pretrained(temporary)
+        if is_distributed():
+            dist.barrier()  # nobody writes a shard into a folder rank 0 is still removing
+        # Returns once every rank's shards are written (no_dist: one process, with or without a group).
+        dcp.save(self.sharded_state(), checkpoint_id=temporary / SHARDED_STATE, no_dist=not is_distributed())
+        if rng_states is not None:
+            if is_lora(self.model):  # adapter_config.json, its LoRA rank; no config.json, as its weights are no model
+                self.model.peft_config["default"].save_pretrained(temporary)
+            else:
+                self.model.config.save_pretrained(temporary)
             self.tokenizer.save_pretrained(temporary)
             # Also on its own: a resume reads it before it builds the loader (config.read_batch_plan).
             (temporary / BATCH_PLAN).write_text(json.dumps(self.batch_plan) + "\n")
@@ -78,12 +103,18 @@ class Checkpointer:
         if is_distributed():
             dist.barrier()  # nobody reads or rotates checkpoints until the new one is in place
 
+    def sharded_state(self) -> dict[str, dict]:
+        """The weights and AdamW's state as DCP saves and loads them: this rank's shards under FSDP, named
+        as the model names its parameters (never by a wrapper), so that any wrapping reads them back."""
+        model, optimizer = get_state_dict(self.model, self.optimizer, options=STATE_OPTIONS)
+        return {"model": model, "optimizer": optimizer}
+
     def load(self, checkpoint: Path) -> None:
-        """Restore the weights, every part, the position and this rank's RNG; refuse another model or plan."""
+        """Restore the weights, the optimizer, every part, the position and this rank's RNG; refuse another
+        model or plan."""
         state = torch.load(checkpoint / TRAINING_STATE, map_location="cpu", weights_only=True)
-        adapter = checkpoint / ADAPTER_WEIGHTS  # a LoRA run's
-        weights = safetensors.torch.load_file(adapter) if adapter.is_file() else read_weights(checkpoint)
-        self.check_same_model(checkpoint, state, weights)
+        sharded = self.sharded_state()
+        self.check_same_model(checkpoint, state, sharded["model"])
         # Under a plan with fewer steps per epoch, the checkpoint's step in its epoch would point past the
         # end, and the run would take its remaining steps on no data at all. Only the split of the global
         # batch may differ.
@@ -92,20 +123,26 @@ class Checkpointer:
                                   "Its place in the epoch only means something under its own batch plan: to "
                                   "continue it, run again with its settings; to train with these, use a new "
                                   "--output_dir (without --resume_from_checkpoint)."))
-        load_trained_weights(self.model, weights)
+        dcp.load(sharded, checkpoint_id=checkpoint / SHARDED_STATE, no_dist=not is_distributed())  # this rank's shards
+        set_state_dict(self.model, self.optimizer, model_state_dict=sharded["model"],
+                       optim_state_dict=sharded["optimizer"], options=STATE_OPTIONS)
         for name, part in self.parts.items():
             if part is not None and state[name] is not None:
-                part.load_state_dict(state[name])  # the optimizer's moments go to the parameters' device
+                part.load_state_dict(state[name])
         self.position.load_state_dict(state)
         rank, world_size = (dist.get_rank(), dist.get_world_size()) if is_distributed() else (0, 1)
         if len(state["rng_states"]) == world_size:  # one per rank; on another world size, fresh streams
             set_rng_state(state["rng_states"][rank])
 
-    def check_same_model(self, checkpoint: Path, state: dict, weights: dict) -> None:
-        """Refuse to resume a different model or label set, which would fail obscurely or silently."""
+    def check_same_model(self, checkpoint: Path, state: dict, weights: dict[str, torch.Tensor]) -> None:
+        """Refuse to resume a different model or label set, which would fail obscurely or silently. The
+        checkpoint's tensors are compared by name and whole shape, as DCP's metadata lists them."""
         check_same_lora(checkpoint, self.model.peft_config["default"].r if is_lora(self.model) else 0)
-        own, model_type = trained_weights(self.model), self.model.config.model_type
-        mismatched = sorted(k for k, v in weights.items() if k not in own or own[k].shape != v.shape)
+        metadata = dcp.FileSystemReader(checkpoint / SHARDED_STATE).read_metadata().state_dict_metadata
+        saved = {name.removeprefix("model."): tuple(entry.size) for name, entry in metadata.items()
+                 if name.startswith("model.")}
+        own, model_type = {name: tuple(tensor.shape) for name, tensor in weights.items()}, self.model.config.model_type
+        mismatched = sorted(name for name in own.keys() | saved.keys() if own.get(name) != saved.get(name))
         if state["labels"] != self.labels or state["model_type"] != model_type or mismatched:
             raise ConfigError(
                 f"checkpoint {str(checkpoint)!r} holds a {state['model_type']} model for labels "
@@ -116,30 +153,19 @@ class Checkpointer:
             )
 
 
+def checkpoint_problem(path: Path) -> str | None:
+    """What keeps `path` from being resumed by this loop (resume.checkpoint_problem), or None. A checkpoint
+    of an older version of this loop, with its weights in model.safetensors, is one."""
+    problem = resume.checkpoint_problem(path, TRAINING_STATE, needs_batch_plan=True)
+    if problem is None and not (path / SHARDED_STATE).is_dir():
+        return f"holds no {SHARDED_STATE}/: an older version of this loop wrote it; resume it with that version"
+    return problem
+
+
 def rotate_checkpoints(output_dir: str | Path, limit: int | None) -> None:
     if limit is not None and limit > 0:
         for old in resume.complete_checkpoints(output_dir, TRAINING_STATE)[:-limit]:
             shutil.rmtree(old, ignore_errors=True)
-
-
-def trained_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What a checkpoint holds: every weight; with LoRA only the adapters and the head, under peft's names."""
-    if is_lora(model):
-        from peft import get_peft_model_state_dict
-
-        return get_peft_model_state_dict(model)
-    return model.state_dict()
-
-
-def load_trained_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Load what trained_weights returned."""
-    if is_lora(model):
-        from peft import set_peft_model_state_dict
-
-        set_peft_model_state_dict(model, weights)
-    else:
-        # strict=False: save_pretrained leaves out tied copies; check_same_model compares the names first.
-        model.load_state_dict(weights, strict=False)
 
 
 def gather_rng_states() -> list[dict] | None:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import transformers
+from torch.distributed.tensor import DTensor
 
 from .config import ConfigError
 from .device import DeviceSettings, autocast, select_device
@@ -201,7 +202,8 @@ def assert_gradients_synchronised(model: torch.nn.Module) -> None:
     """
     if not is_distributed():
         return
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    # FSDP's gradients are shards (DTensors), different on each rank by design: sharding.assert_shards_reduced.
+    grads = [p.grad for p in model.parameters() if p.grad is not None and not isinstance(p.grad, DTensor)]
     if not grads:
         return
     sums = torch.stack([g.detach().double().sum() for g in grads])

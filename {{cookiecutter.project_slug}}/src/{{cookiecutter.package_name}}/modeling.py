@@ -210,15 +210,18 @@ def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
 
 
 
-def save_lora_base(model: torch.nn.Module, folder: str | Path) -> None:
+def save_lora_base(model: torch.nn.Module, folder: str | Path, state_dict: dict | None = None) -> None:
     """Beside a LoRA model's adapter (its save_pretrained), write the frozen body and the untrained head under
     their own names, with the config: AutoModelForSequenceClassification, pipeline and predict.py then load
-    the folder whole, base and adapter. Nothing to do for a model without LoRA."""
+    the folder whole, base and adapter. Nothing to do for a model without LoRA. state_dict: those weights
+    already gathered (peft's get_base_model_state_dict of a sharded model, whole)."""
     if not is_lora(model):
         return
     from peft import get_base_model_state_dict
 
-    model.get_base_model().save_pretrained(folder, state_dict=get_base_model_state_dict(model))
+    if state_dict is None:
+        state_dict = get_base_model_state_dict(model)
+    model.get_base_model().save_pretrained(folder, state_dict=state_dict)
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:

@@ -43,7 +43,7 @@ logger = logging.getLogger(f"{__package__}.predict")
 
 @dataclass
 class PredictArguments:
-    model_name_or_path: str = field(metadata={"help": "A trained model: output_dir or a checkpoint-N in it."})
+    model_name_or_path: str = field(metadata={"help": "A trained model: output_dir, or a checkpoint-N with weights."})
     input_file: str = field(metadata={"help": "csv, json, jsonl or parquet rows to predict."})
     output_file: str = field(metadata={"help": "Where to write them, with predictions (csv/json/jsonl/parquet)."})
     text_column: str | None = field(default=None, metadata={"help": "Default: the model's training column."})
@@ -96,6 +96,9 @@ def load_trained_model(path: str, device: torch.device) -> tuple[PreTrainedModel
     if Path(path, ADAPTER_CONFIG).is_file() and not Path(path, "config.json").is_file():
         raise ConfigError(f"--model_name_or_path {path!r} holds a LoRA adapter without its base (a checkpoint of a "
                           "--lora_r run): predict from the run's output_dir, which holds both")
+    if Path(path, "model_and_optimizer").is_dir():  # the native loop's checkpoint-N (checkpoint.py)
+        raise ConfigError(f"--model_name_or_path {path!r} is a checkpoint to resume from, its weights sharded in "
+                          "model_and_optimizer/: predict from the run's output_dir, which holds the final model")
     try:
         model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError) as err:

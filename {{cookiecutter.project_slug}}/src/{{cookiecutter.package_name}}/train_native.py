@@ -1,10 +1,11 @@
 """Fine-tune a sequence classifier with an explicit PyTorch DDP loop, on one process or under torchrun.
 
 The run, top to bottom: join torchrun's process group; load and tokenise the data; build the model
-(wrapped in DistributedDataParallel), the optimizer and the schedule; resume from the newest
-checkpoint; run the epoch loop, whose optimizer step is written out in `train`; evaluate once over
-exactly the eval set; write metrics.json; with --do_predict, predict --test_file. No Trainer and no
-accelerate: this file starts the process group itself, and every step is here to read and change.
+(wrapped in DistributedDataParallel, or with --fsdp sharded by FSDP2), the optimizer and the schedule;
+resume from the newest checkpoint; run the epoch loop, whose optimizer step is written out in `train`;
+evaluate once over exactly the eval set; write metrics.json; with --do_predict, predict --test_file. No
+Trainer and no accelerate: this file starts the process group itself, and every step is here to read and
+change.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ from functools import partial
 
 import numpy as np
 import torch
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
 from .batching import BatchPlan, ResumableSampler, build_loader, build_train_batches
-from .checkpoint import TRAINING_STATE, Checkpointer
+from .checkpoint import TRAINING_STATE, Checkpointer, checkpoint_problem
 from .config import ConfigError, DataArguments, ModelArguments, parse_args, read_batch_plan
 from .data import ClassificationCollator, ClassificationData, build_collator, load_data
 from .device import autocast, resolve_device_settings
@@ -55,6 +57,15 @@ from .metrics import (
 from .modeling import enable_gradient_checkpointing, load_model, load_tokenizer, parameter_counts, save_lora_base
 from .results import write_results
 from .resume import agree_on_resume_checkpoint
+from .sharding import (
+    assert_shards_reduced,
+    gather_final_weights,
+    is_sharded,
+    no_gradient_sync,
+    shard_model,
+    transformer_blocks,
+    whole_weights,
+)
 from .stopping import StopRequest
 from .torchrun import STOPPED_EXIT_CODE, TorchrunEnv
 from .trackers import Tracker, start_tracker
@@ -109,11 +120,12 @@ class Job:
     sampler: ResumableSampler
     train_loader: DataLoader
     plan: BatchPlan
-    model: torch.nn.Module  # what the loop calls: DistributedDataParallel(module) when distributed
-    module: torch.nn.Module  # the model itself (with LoRA, in its peft wrapper), for evaluating and saving
+    model: torch.nn.Module  # what the loop calls: DistributedDataParallel(module) when distributed, without --fsdp
+    module: torch.nn.Module  # the model itself (with LoRA, in its peft wrapper; sharded in place by --fsdp)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler | None  # fp16 only: loss scaling keeps small gradients from flushing to zero
+    autocast_precision: str  # precision, or "no" under FSDP, whose MixedPrecisionPolicy casts instead
     step: int = 0  # optimizer steps taken, over all runs of this job
     epoch: int = 0
     step_in_epoch: int = 0
@@ -152,7 +164,7 @@ def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args
     data = load_data(data_args, tokenizer, model_args.cache_dir, args.seed)
     collator = build_collator(tokenizer, mixed_precision=precision != "no")
     checkpoint = agree_on_resume_checkpoint(args.resume_from_checkpoint, args.output_dir, TRAINING_STATE,
-                                            needs_batch_plan=True) if args.do_train else None
+                                            checkpoint_problem) if args.do_train else None
     sampler, train_loader, plan = build_train_batches(data.train, args, collator, env.rank, env.world_size,
                                                       device.type == "cuda", read_batch_plan(checkpoint))
 
@@ -160,19 +172,27 @@ def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(module)
     module = module.to(device)
-    model = wrap_in_ddp(module, args, env, device)
-    optimizer = build_optimizer(model, args)  # after wrapping, over the parameters DDP synchronises
+    if args.fsdp and env.world_size > 1:
+        model = shard_model(module, device, env.world_size, precision)
+    else:
+        if args.fsdp:  # the same config on one GPU, to debug: refused or accepted as on many
+            transformer_blocks(module)
+            logger.info("--fsdp on one process: nothing to shard, the model trains whole")
+        model = wrap_in_ddp(module, args, env, device)
+    optimizer = build_optimizer(model, args)  # after wrapping: over the parameters DDP syncs, or FSDP's shards
     # --warmup_steps below 1 is a fraction of all steps, as in transformers.TrainingArguments.
     warmup = math.ceil(args.warmup_steps * plan.total_steps) if args.warmup_steps < 1 else int(args.warmup_steps)
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, warmup, plan.total_steps)
-    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+    # Under FSDP each rank sees only its shards' overflow: the sharded scaler agrees on the skip over all ranks.
+    scaler = (ShardedGradScaler("cuda") if is_sharded(model) else torch.amp.GradScaler("cuda")) if (
+        precision == "fp16") else None
     job = Job(args, env, device, precision, tokenizer, data, collator, sampler, train_loader, plan, model, module,
-              optimizer, scheduler, scaler, test_file=data_args.test_file,
+              optimizer, scheduler, scaler, "no" if is_sharded(model) else precision, test_file=data_args.test_file,
               preprocessing_num_workers=data_args.preprocessing_num_workers)
     job.tracker = start_tracker(args.report_to, args.output_dir, vars(model_args) | vars(data_args) | vars(args),
                                 env.is_main_process)  # the run id in output_dir: a resume continues its run
-    parts = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
-    job.checkpointer = Checkpointer(args.output_dir, args.save_total_limit, module, tokenizer,
+    parts = {"scheduler": scheduler, "scaler": scaler}
+    job.checkpointer = Checkpointer(args.output_dir, args.save_total_limit, module, optimizer, tokenizer,
                                     data.label_names, plan.as_dict(), parts, position=job)
 
     # From here on only dropout draws from the global RNG: give each rank its own stream, so the
@@ -232,16 +252,14 @@ def train_and_evaluate(job: Job) -> dict[str, float]:
             metrics.update(train(job) | parameter_counts(job.module))
             if job.stopped:  # by SIGTERM, after saving the step it reached
                 raise SystemExit(STOPPED_EXIT_CODE)
-            if job.env.is_main_process:  # the final model in output_dir itself, as the Trainer variant leaves it
-                job.module.save_pretrained(job.args.output_dir)
-                save_lora_base(job.module, job.args.output_dir)
-                job.tokenizer.save_pretrained(job.args.output_dir)
+            save_final_model(job)
         if job.args.do_eval:
             metrics.update(evaluate(job))
             if job.tracker is not None:  # the final evaluation too, as the Trainer's trackers get it
                 job.tracker.log(scalars(metrics), job.step)
-        write_results(args, metrics, job.history, job.env.is_main_process, job.module, job.tokenizer, job.data.task,
-                      job.test_file, job.device, job.precision, job.preprocessing_num_workers)
+        with whole_weights(job.module) if args.do_predict else contextlib.nullcontext():  # as in evaluate
+            write_results(args, metrics, job.history, job.env.is_main_process, job.module, job.tokenizer,
+                          job.data.task, job.test_file, job.device, job.precision, job.preprocessing_num_workers)
         return metrics
     finally:
         if job.tracker is not None:
@@ -249,10 +267,21 @@ def train_and_evaluate(job: Job) -> dict[str, float]:
         job.model = job.module  # drop DDP, which holds the process group, before the group is destroyed
 
 
+def save_final_model(job: Job) -> None:
+    """The final model in output_dir itself, as the Trainer variant leaves it: a plain save_pretrained
+    folder that predict, pipeline() and merge_lora load. Under FSDP its weights are gathered once."""
+    weights, lora_base = gather_final_weights(job.module) if is_sharded(job.module) else (None, None)
+    if job.env.is_main_process:
+        job.module.save_pretrained(job.args.output_dir, state_dict=weights)  # None: the model's own
+        save_lora_base(job.module, job.args.output_dir, lora_base)
+        job.tokenizer.save_pretrained(job.args.output_dir)
+
+
 def train(job: Job) -> dict[str, float]:
     """The epoch loop. Each pass of the inner loop is one optimizer step over accumulated micro-batches."""
     args, env, plan, model, optimizer, scaler = job.args, job.env, job.plan, job.model, job.optimizer, job.scaler
-    skip_sync = model.no_sync if isinstance(model, DistributedDataParallel) else contextlib.nullcontext
+    skip_sync = (model.no_sync if isinstance(model, DistributedDataParallel) else
+                 partial(no_gradient_sync, model) if is_sharded(model) else contextlib.nullcontext)
     meter, first_step, stop, earlier = LossMeter(job.device, job.step), job.step, StopRequest(), dict(job.totals)
     skipped = torch.zeros((), dtype=torch.int64, device=job.device)  # by the GradScaler, since the last log
     bar = tqdm(total=plan.total_steps, initial=job.step, desc="train", dynamic_ncols=True,
@@ -270,10 +299,10 @@ def train(job: Job) -> dict[str, float]:
                 raise RuntimeError(f"the train loader ran out before step {job.step + 1} (epoch {epoch})")
             for index, batch in enumerate(micro_batches):
                 batch = {key: value.to(job.device, non_blocking=True) for key, value in batch.items()}
-                # DDP all-reduces gradients during backward. Between micro-steps that is wasted
-                # traffic: no_sync() skips it, and the last backward averages the accumulated sum.
+                # DDP all-reduces gradients during backward (FSDP reduce-scatters them). Between micro-steps
+                # that is wasted traffic: no_sync() skips it, and the last backward averages the accumulated sum.
                 with contextlib.nullcontext() if index == len(micro_batches) - 1 else skip_sync():
-                    with autocast(job.device, job.precision):
+                    with autocast(job.device, job.autocast_precision):
                         # Each loss is a micro-batch mean; dividing by the micro-batch count makes the
                         # accumulated gradient the mean over the whole step, as one big batch would.
                         loss = model(**batch).loss / len(micro_batches)
@@ -281,6 +310,7 @@ def train(job: Job) -> dict[str, float]:
                 meter.add(loss, len(batch["labels"]))
             if job.step == first_step:  # once per run: proves the ranks really share gradients
                 assert_gradients_synchronised(job.module)
+                assert_shards_reduced(job.module)
             if scaler is not None:
                 scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
             grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
@@ -372,8 +402,9 @@ def evaluate(job: Job) -> dict[str, float]:
     start, args = time.perf_counter(), job.args
     batches = partial(build_loader, args=args, collator=job.collator,
                       batch_size=args.per_device_eval_batch_size, on_gpu=job.device.type == "cuda")
-    # job.module, not DDP: the ranks may run different numbers of eval batches.
-    outputs = sharded_forward(job.module, job.data.validation, batches, job.device, job.precision)
+    # job.module, not DDP: the ranks may run different numbers of eval batches (under FSDP on whole weights).
+    with whole_weights(job.module):
+        outputs = sharded_forward(job.module, job.data.validation, batches, job.device, job.precision)
     if outputs is None:
         return {}
     logits, labels, loss_sum = outputs

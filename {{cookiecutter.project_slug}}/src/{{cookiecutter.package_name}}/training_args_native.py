@@ -7,7 +7,8 @@ choices, as in the Trainer variant); do_train and do_eval (this script always di
 train_sampling_strategy (see below); ddp_find_unused_parameters and ddp_broadcast_buffers False
 (BERT uses every parameter, and its buffers never change: each search or sync costs every step);
 disable_tqdm False; tf32 None leaves torch's own setting; dataloader_num_workers None sizes the
-loader to the CPUs this process may use (distributed.default_dataloader_workers).
+loader to the CPUs this process may use (distributed.default_dataloader_workers); fsdp is true or false
+(transformers takes a string of FSDP options): true shards each transformer block with FSDP2 (sharding.py).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class TrainingArguments:
     ddp_find_unused_parameters: bool = flag(False, "For models that skip parameters.")
     ddp_bucket_cap_mb: int | None = flag(None, "DDP bucket MiB; None: torch's 25.")
     ddp_broadcast_buffers: bool = flag(False, "Sync buffers before each forward.")
+    fsdp: bool = flag(False, "Shard weights, grads, AdamW (FSDP2).")
     # Logging, evaluation and checkpoints; *_steps below 1 is a fraction of all steps
     logging_strategy: str = flag("steps", "When to log the train loss.", STRATEGIES)
     logging_steps: float = flag(10, "Log every N optimizer steps.")
@@ -100,3 +102,14 @@ class TrainingArguments:
             raise ConfigError(f"--report_to {self.report_to}: the {self.report_to} package is not installed; "
                               f'pip install -e ".[{self.report_to}]" (or leave --report_to at none)')
         check_training_settings(self)
+        if self.fsdp:
+            check_fsdp_settings(self)
+
+
+def check_fsdp_settings(args: TrainingArguments) -> None:
+    """DDP's own settings mean nothing under FSDP: refused rather than silently ignored."""
+    ddp_only = {"ddp_find_unused_parameters": False, "ddp_bucket_cap_mb": None, "ddp_broadcast_buffers": False}
+    for name, default in ddp_only.items():
+        if getattr(args, name) != default:
+            raise ConfigError(f"--{name} {getattr(args, name)} is a DDP setting, which --fsdp does not use; leave it "
+                              f"at {default} or train without --fsdp")
