@@ -168,7 +168,8 @@ def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args
     sampler, train_loader, plan = build_train_batches(data.train, args, collator, env.rank, env.world_size,
                                                       device.type == "cuda", read_batch_plan(checkpoint))
 
-    module = load_model(model_args, data.task, tokenizer)
+    # Parameters the forward never uses are frozen, unless DDP is to search for them at every step.
+    module = load_model(model_args, data.task, tokenizer, freeze_unused=not args.ddp_find_unused_parameters)
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(module)
     module = module.to(device)

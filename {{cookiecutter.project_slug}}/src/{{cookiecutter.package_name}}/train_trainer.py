@@ -283,7 +283,8 @@ def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: Tr
     if args.do_train:
         check_batch_fits(len(data.train), args.world_size, args.per_device_train_batch_size,
                          args.gradient_accumulation_steps)
-    model = load_model(model_args, data.task, tokenizer)
+    # Parameters the forward never uses are frozen, unless DDP is to search for them at every step.
+    model = load_model(model_args, data.task, tokenizer, freeze_unused=not args.ddp_find_unused_parameters)
     # Classification heads take **kwargs but ignore num_items_in_batch and return a per-batch mean.
     # If the Trainer believed otherwise it would multiply the loss (and the gradients) by the world
     # size and skip dividing by the accumulation steps. (It reads this inside a LoRA wrapper.)

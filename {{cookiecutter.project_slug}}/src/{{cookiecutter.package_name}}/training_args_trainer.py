@@ -45,9 +45,11 @@ class TrainingArguments(transformers.TrainingArguments):
     )
     do_train: bool = field(default=True, metadata={"help": "Train (false: only evaluate the loaded model)."})
     do_eval: bool = field(default=True, metadata={"help": "Evaluate after training and write metrics.json."})
-    # BERT uses every parameter on every step; searching for unused ones costs a graph walk per step.
+    # Searching for unused parameters costs a graph walk per step; those the forward never uses are frozen
+    # at load instead (modeling.freeze_unused_parameters).
     ddp_find_unused_parameters: bool | None = field(
-        default=False, metadata={"help": "Passed to DistributedDataParallel(find_unused_parameters=...)."}
+        default=False, metadata={"help": "For models whose forward skips other parameters on other inputs; true "
+                                         "also keeps unused ones trainable."}
     )
     # The collator drops helper columns itself; keeping them lets the length sampler read "length".
     remove_unused_columns: bool = field(
