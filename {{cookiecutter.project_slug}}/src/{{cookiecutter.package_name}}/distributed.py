@@ -1,5 +1,6 @@
 """Processes in step: torchrun's process group, logging per rank, the first rank first, evaluation and
-prediction sharded over the ranks, the gradient check, and one error line per node."""
+prediction sharded over the ranks (on FSDP's weights gathered whole), the gradient check, and one error
+line per node."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import transformers
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from .config import ConfigError
@@ -159,6 +161,36 @@ def sharded_forward(model: torch.nn.Module, rows: datasets.Dataset, batches: Cal
     if gathered is None:
         return None
     return gathered[0], gathered[1] if labelled else None, float(loss_sum)
+
+
+@contextlib.contextmanager
+def whole_weights(model: torch.nn.Module) -> Iterator[None]:
+    """Inside, every rank holds the whole weights (in the compute dtype), and a forward pass communicates
+    nothing: evaluation and prediction then run any number of batches on each rank, as without FSDP.
+    Outside, the weights are sharded again. Without FSDP, nothing to do."""
+    modules = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    for module in modules:
+        module.set_reshard_after_forward(False, recurse=False)
+        module.unshard()
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.reshard()
+            # fully_shard's defaults: the blocks reshard after forward, the root keeps its weights until backward.
+            module.set_reshard_after_forward(module is not model, recurse=False)
+
+
+def gathered_on_rank0(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors of a state_dict whole, in fp32 as trained, on rank 0's CPU; {} on the other ranks.
+    One all-gather per sharded tensor, so one whole tensor at a time is on the device. Every rank calls it."""
+    rank, whole = dist.get_rank(), {}
+    for name, tensor in state.items():
+        if isinstance(tensor, DTensor):
+            tensor = tensor.full_tensor()
+        if rank == 0:
+            whole[name] = tensor.detach().cpu()
+    return whole
 
 
 def setup_logging(is_main_process: bool) -> None:
