@@ -43,6 +43,7 @@ from .distributed import (
     setup_logging,
     sharded_forward,
     start_distributed,
+    whole_weights,
 )
 from .meter import LossMeter
 from .metrics import (
@@ -54,18 +55,17 @@ from .metrics import (
     whole_run_metrics,
     write_log_line,
 )
-from .modeling import enable_gradient_checkpointing, load_model, load_tokenizer, parameter_counts, save_lora_base
+from .modeling import (
+    enable_gradient_checkpointing,
+    load_model,
+    load_tokenizer,
+    parameter_counts,
+    save_lora_base,
+    transformer_blocks,
+)
 from .results import write_results
 from .resume import agree_on_resume_checkpoint
-from .sharding import (
-    assert_shards_reduced,
-    gather_final_weights,
-    is_sharded,
-    no_gradient_sync,
-    shard_model,
-    transformer_blocks,
-    whole_weights,
-)
+from .sharding import assert_shards_reduced, gather_final_weights, is_sharded, no_gradient_sync, shard_model
 from .stopping import StopRequest
 from .torchrun import STOPPED_EXIT_CODE, TorchrunEnv
 from .trackers import Tracker, start_tracker

@@ -122,8 +122,10 @@ def check_fsdp_applies(args: TrainingArguments) -> None:
     the Trainer would stop with a traceback (one process started without torchrun)."""
     from accelerate.utils import DistributedType
 
+    if not args.fsdp:
+        return
     kind = args.distributed_state.distributed_type
-    if args.fsdp and kind != DistributedType.MULTI_GPU:
+    if kind != DistributedType.MULTI_GPU:
         raise ConfigError(f"--fsdp true: accelerate set this run up as {kind.value}, which it does not shard; start "
                           "it with torchrun on GPUs (scripts/train_single_node.sh), or drop --fsdp")
 

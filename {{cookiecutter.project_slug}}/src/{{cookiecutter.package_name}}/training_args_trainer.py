@@ -66,7 +66,7 @@ class TrainingArguments(transformers.TrainingArguments):
     )
     # transformers 5 types its own fsdp as a string of options, and warns that strings are deprecated: here it
     # is true or false, as in the native loop.
-    fsdp: bool = field(default=False, metadata={"help": "Shard weights, grads, AdamW over the GPUs (FSDP2)."})
+    fsdp: bool = field(default=False, metadata={"help": "Shard weights, grads, AdamW (FSDP2); GPUs only."})
     output_dir: str | None = field(default="outputs", metadata={"help": "Checkpoints, final model, metrics.json."})
     logging_steps: float = field(default=10, metadata={"help": "Log every N optimizer steps."})
     save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most this many checkpoints."})
