@@ -27,9 +27,10 @@ most 8 minutes:
      --mixed_precision fp16 and from the bfloat16 one with --mixed_precision bf16,
      and reports pass or fail per run;
   4. on a machine with 2 or more GPUs, trains each loop 20 steps as users launch
-     it there (NPROC_PER_NODE=auto: one process per GPU, nccl), then the native
-     loop again with --fsdp true (FSDP2, bf16; it must leave a sharded
-     checkpoint and the gathered final model), and reports pass or fail.
+     it there (NPROC_PER_NODE=auto: one process per GPU, nccl), then each loop
+     again with --fsdp true (FSDP2, bf16; it must log its sharding over every
+     GPU and leave checkpoint-20 and the gathered final model), and reports
+     pass or fail.
 Prints markdown tables and writes JSON (default: bench/results/gpu_check.json).
 Exits 1, after an "error:" line, when anything failed.
 

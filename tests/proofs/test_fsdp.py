@@ -31,7 +31,6 @@ pytestmark = pytest.mark.slow  # real launches
 
 checkpoint = package_module("checkpoint")
 modeling = package_module("modeling")
-sharding = package_module("sharding")
 smoke = package_module("smoke")
 
 STEPS_PER_EPOCH = TRAIN_SIZE // (2 * SMOKE["per_device_train_batch_size"])  # 2 ranks
@@ -300,7 +299,7 @@ def test_the_blocks_of_every_family_are_found_from_the_model(family: str, lora_r
         model = transformers.AutoModelForSequenceClassification.from_config(config)
         if lora_r:
             model = modeling.wrap_with_lora(model, package_module("config").ModelArguments("m", lora_r=lora_r))
-    blocks = sharding.transformer_blocks(model)
+    blocks = modeling.transformer_blocks(model)
     classifier = modeling.classifier_of(model)
     assert len(blocks) == 2 and blocks is classifier.get_submodule(BLOCKS[family])
 

@@ -10,10 +10,10 @@ Covered here: NPROC_PER_NODE=auto counting the GPUs, the preflight parsing and c
 GPUs without claiming one, the launcher forking the workers from a process that has not initialised
 CUDA, each rank pinning its own GPU before the process group starts, nccl chosen, the group bound to the
 rank's GPU with --ddp_timeout, mixed precision auto resolving to bf16 (capability 8.0 and up) or fp16
-(7.x), bf16 and fp16 refused where unsupported, predict alone on several GPUs, and the doctor's GPU
-count and precision check. Out of reach (only a real GPU shows them): NCCL itself, training and
-evaluating on the GPU, autocast and GradScaler, and speed; the template's bench/gpu_check.sh runs those
-on a real GPU.
+(7.x), bf16 and fp16 refused where unsupported, predict alone on several GPUs, the doctor's GPU count and
+precision check, and the Trainer's --fsdp true as far as its settings for accelerate. Out of reach (only
+a real GPU shows them): NCCL itself, training and evaluating on the GPU, autocast and GradScaler, FSDP's
+sharding, and speed; the template's bench/gpu_check.sh runs those on a real GPU.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PACKAGE, REPO_ROOT, finish, run_env, smoke_flags, start
+from conftest import IS_NATIVE, PACKAGE, REPO_ROOT, finish, run_env, smoke_flags, start
 
 pytestmark = pytest.mark.slow  # real launches: `make test-all`
 
@@ -148,3 +148,46 @@ def test_the_doctor_checks_the_gpu_count_and_the_precision_they_support(smoke_as
     refused = doctor(tmp_path, smoke_assets, 8, "7.0", "--mixed_precision", "bf16")
     assert refused.keys() == {"returncode", "stderr"} and refused["returncode"] == 2
     assert refused["stderr"].startswith("error: --mixed_precision bf16: this GPU has no native bf16")
+
+
+# What the Trainer hands accelerate for --fsdp true, in one process: parsed as train.py parses it, the model
+# loaded and its block class named (train.build_trainer), then accelerate's plugin built from the settings and
+# its wrap policy applied to the model, as the Trainer and accelerate's prepare do.
+FSDP_SETTINGS = f"""
+import json, sys
+from accelerate.utils import FullyShardedDataParallelPlugin
+from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+from {PACKAGE} import config, data, modeling, train, training_args
+
+model_args, _, args = config.parse_args(training_args.TrainingArguments, sys.argv[1:])
+model = modeling.load_model(model_args, data.Task("single_label_classification", ["negative", "positive"]))
+train.shard_blocks_of(model, args)
+plugin = FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
+plugin.set_auto_wrap_policy(model)
+wraps = fsdp2_prepare_auto_wrap_policy(plugin, model)
+print(json.dumps({{"use_cpu": args.use_cpu, "bf16": args.bf16, "version": plugin.fsdp_version,
+                  "reshard_after_forward": plugin.reshard_after_forward, "state_dict_type": str(plugin.state_dict_type),
+                  "wrapped": [name for name, module in model.named_modules() if wraps(module)]}}))
+"""
+
+
+@pytest.mark.skipif(IS_NATIVE, reason="the native loop's --fsdp shards without accelerate")
+def test_trainer_fsdp_on_gpus_starts_every_rank_and_gives_accelerate_fsdp2_over_each_transformer_block(
+    smoke_assets: Path, tmp_path: Path
+) -> None:
+    """On CPU --fsdp true is refused (test_training_args.py); here the node has GPUs. Beyond the simulation's
+    end at init_process_group: accelerate's state (it needs the process group), the bf16 policy it sets from
+    the precision, fully_shard itself and the FULL_STATE_DICT saves (bench/gpu_check.sh)."""
+    result = launch(tmp_path, smoke_assets, gpu_node_env(tmp_path, 4, "9.0", NPROC_PER_NODE="auto"), "--fsdp", "true")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "4 process(es) on 4 GPU(s), precision bf16: settings and data look right" in result.stdout
+    assert [(rank["rank"], rank["device_id"], rank["backend"]) for rank in ranks(tmp_path)] == [
+        (rank, f"cuda:{rank}", "nccl") for rank in range(4)]
+
+    flags = ["--model_name_or_path", str(smoke_assets / "tiny-bert"), "--train_file", "train.jsonl",
+             "--mixed_precision", "auto", "--fsdp", "true"]
+    one = finish(start([sys.executable, "-c", FSDP_SETTINGS, *flags], gpu_node_env(tmp_path, 1, "9.0")), timeout=120)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert json.loads(one.stdout.splitlines()[-1]) == {
+        "use_cpu": False, "bf16": True, "version": 2, "reshard_after_forward": True,
+        "state_dict_type": "StateDictType.FULL_STATE_DICT", "wrapped": ["bert.encoder.layer.0", "bert.encoder.layer.1"]}

@@ -55,6 +55,23 @@ def smoke_assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return package_module("smoke").make_smoke_assets(folder, train_size=TRAIN_SIZE, eval_size=EVAL_SIZE)
 
 
+@pytest.fixture(scope="session")
+def tiny_bigbird(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny BigBird classifier with the smoke tokenizer: a real architecture whose classification forward
+    never uses some of its trainable parameters (its pooler; the head reads the first token itself)."""
+    from transformers import BigBirdConfig, BigBirdForSequenceClassification
+
+    folder = tmp_path_factory.mktemp("tiny-bigbird")
+    tokenizer = package_module("smoke").build_tokenizer()
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(0)
+    # original_full: the block-sparse attention falls back to it anyway on inputs this short, with a warning.
+    config = BigBirdConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=128, max_position_embeddings=128, attention_type="original_full")
+    BigBirdForSequenceClassification(config).save_pretrained(folder)
+    return folder
+
+
 # ---- in-process tests: one process, offline, nothing left behind ---------------------------------
 
 @pytest.fixture

@@ -137,6 +137,48 @@ def test_rank_zero_prepares_data_before_every_other_rank_even_on_other_nodes(mon
     assert events == ["rank 0 works", "barrier", "barrier", "rank 2 works"]
 
 
+def check_gradients_against(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module, other_rank) -> None:
+    """assert_gradients_synchronised on rank 0 of 2, rank 1 sending other_rank(rank 0's gradient sums)."""
+    monkeypatch.setattr(distributed, "is_distributed", lambda: True)
+    monkeypatch.setattr(distributed.dist, "get_world_size", lambda: 2)
+
+    def all_gather(gathered: list, sums: torch.Tensor) -> None:
+        gathered[0].copy_(sums)
+        gathered[1].copy_(other_rank(sums.clone()))
+
+    monkeypatch.setattr(distributed.dist, "all_gather", all_gather)
+    distributed.assert_gradients_synchronised(model)
+
+
+def test_gradients_ddp_left_unaveraged_are_named_with_the_parameter_that_had_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A parameter without a gradient keeps DDP from all-reducing its bucket: the others in it then differ."""
+    model = torch.nn.ModuleDict({"used": torch.nn.Linear(2, 2), "skipped": torch.nn.Linear(2, 2)})
+    model["used"](torch.ones(1, 2)).sum().backward()
+
+    def unaveraged(sums: torch.Tensor) -> torch.Tensor:
+        return sums + 1  # rank 1's own gradients, never averaged with rank 0's
+
+    expected = ("gradients differ between rank 0 and rank 1 after the first step, in 2 parameter tensor(s) "
+                "(used.weight, used.bias): DDP did not average them. 2 parameter tensor(s) (skipped.weight, "
+                "skipped.bias) got no gradient on some rank: DDP all-reduces a bucket of gradients only once every "
+                "parameter in it has one. A model whose forward skips parameters on some inputs needs "
+                "--ddp_find_unused_parameters true")
+    with pytest.raises(RuntimeError) as raised:
+        check_gradients_against(monkeypatch, model, unaveraged)
+    assert str(raised.value) == expected
+    check_gradients_against(monkeypatch, model, lambda sums: sums)  # averaged: equal sums, NaN for none, pass
+
+
+def test_unaveraged_gradients_without_a_missing_one_name_the_other_causes(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = torch.nn.Linear(2, 2)
+    model(torch.ones(1, 2)).sum().backward()
+    with pytest.raises(RuntimeError, match=r"in 1 parameter tensor\(s\) \(bias\): DDP did not average them\. Every "
+                                           "parameter got a gradient, so DDP skipped no bucket"):
+        check_gradients_against(monkeypatch, model, lambda sums: sums + torch.tensor([0.0, 1.0], dtype=sums.dtype))
+
+
 def test_fp16_on_cpu_is_refused_with_a_message_naming_mixed_precision() -> None:
     with pytest.raises(ConfigError, match=r"--mixed_precision fp16 needs a CUDA GPU.*--mixed_precision no"):
         resolve_device_settings("auto", fp16=True, cuda_available=False)

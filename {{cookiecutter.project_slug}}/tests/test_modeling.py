@@ -1,10 +1,12 @@
 """modeling.py: loading the model and tokenizer, label heads, fp32 weights and the refusals' words.
 
-The model and tokenizer are the tiny offline ones from smoke.py.
+The model and tokenizer are the tiny offline ones from smoke.py; the model with parameters its forward never
+uses is a tiny BigBird (conftest.tiny_bigbird).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from transformers import AutoModelForSequenceClassification
 
 ConfigError, ModelArguments = names_from("config", "ConfigError", "ModelArguments")
 load_model, load_tokenizer = names_from("modeling", "load_model", "load_tokenizer")
+modeling = package_module("modeling")
 smoke = package_module("smoke")
 
 pytestmark = pytest.mark.usefixtures("isolated_process")  # offline, one process, no state left behind
@@ -90,3 +93,71 @@ def test_missing_smoke_assets_hint_also_for_a_dotted_or_absolute_path(
     for name in ("./smoke_assets/tiny-bert", str(tmp_path / "smoke_assets" / "tiny-bert")):
         with pytest.raises(ConfigError, match=f"python -m {PACKAGE}.smoke"):
             load_model(ModelArguments(model_name_or_path=name), task_of("a", "b"))
+
+
+# ---- parameters the forward never uses --------------------------------------------------------
+
+
+def frozen(model: torch.nn.Module) -> set[str]:
+    return {name for name, parameter in model.named_parameters() if not parameter.requires_grad}
+
+
+def test_parameters_the_forward_never_uses_are_frozen_and_named_in_one_line(
+    tiny_bigbird: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """BigBird's classifier reads the first token itself: its pooler never gets a gradient, and under DDP
+    the bucket holding it would never be all-reduced."""
+    args = ModelArguments(model_name_or_path=str(tiny_bigbird))
+    tokenizer = load_tokenizer(args)
+    with caplog.at_level(logging.INFO, logger=f"{PACKAGE}.modeling"):
+        model = load_model(args, task_of("negative", "positive"), tokenizer, freeze_unused=True)
+    assert frozen(model) == {"bert.pooler.weight", "bert.pooler.bias"}
+    lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("froze ")]
+    assert lines == ["froze 2 parameter tensor(s) (bert.pooler.weight, bert.pooler.bias): the classification "
+                     "forward never uses them, so they could not learn, and DDP would wait for their gradients"]
+    pooler = model.bert.pooler.weight.numel() + model.bert.pooler.bias.numel()
+    total = sum(parameter.numel() for parameter in model.parameters())
+    assert f"parameters: {total - pooler} trainable of {total} (" in caplog.text  # counted after freezing
+    # Off (--ddp_find_unused_parameters true: DDP searches every step), nothing is frozen.
+    assert frozen(load_model(args, task_of("negative", "positive"), tokenizer)) == set()
+
+
+def test_lora_adapters_on_a_layer_the_forward_never_uses_are_frozen(tiny_bigbird: Path) -> None:
+    args = ModelArguments(model_name_or_path=str(tiny_bigbird), lora_r=4)
+    model = load_model(args, task_of("negative", "positive"), load_tokenizer(args), freeze_unused=True)
+    pooler = "base_model.model.bert.pooler"
+    trainable = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+    assert {f"{pooler}.lora_A.default.weight", f"{pooler}.lora_B.default.weight"} <= frozen(model)
+    assert not any(name.startswith(pooler) for name in trainable)
+    assert any(".lora_" in name for name in trainable) and any(".modules_to_save." in name for name in trainable)
+
+
+def test_a_model_that_uses_every_parameter_has_none_frozen(smoke_assets: Path) -> None:
+    """BERT's token type embeddings count as used even when no token_type_ids are passed: the model then
+    looks up type 0 from a buffer, and its gradient reaches the embedding."""
+    args = ModelArguments(model_name_or_path=str(smoke_assets / "tiny-bert"))
+    tokenizer = load_tokenizer(args)
+    model = load_model(args, task_of("negative", "positive"), tokenizer, freeze_unused=True)
+    assert frozen(model) == set()
+    inputs = modeling.example_inputs(tokenizer, task_of("negative", "positive"))
+    assert "token_type_ids" in inputs
+    without_types = {key: value for key, value in inputs.items() if key != "token_type_ids"}
+    assert modeling.unused_parameters(model, without_types) == []
+
+
+def test_which_parameters_go_unused_depends_on_the_inputs_so_the_example_is_tokenised_as_training_does(
+    smoke_assets: Path,
+) -> None:
+    """XLNet adds its segment embeddings only when given token_type_ids, which the tokenizer gives; its mask
+    embedding serves pretraining alone."""
+    from transformers import XLNetConfig, XLNetForSequenceClassification
+
+    tokenizer = load_tokenizer(ModelArguments(model_name_or_path=str(smoke_assets / "tiny-bert")))
+    model = XLNetForSequenceClassification(XLNetConfig(vocab_size=len(tokenizer), d_model=32, n_layer=1, n_head=2,
+                                                       d_inner=64))
+    inputs = modeling.example_inputs(tokenizer, task_of("negative", "positive"))
+    assert modeling.unused_parameters(model, inputs) == ["transformer.mask_emb"]
+    without_types = {key: value for key, value in inputs.items() if key != "token_type_ids"}
+    assert set(modeling.unused_parameters(model, without_types)) == {
+        "transformer.mask_emb", "transformer.layer.0.rel_attn.seg_embed", "transformer.layer.0.rel_attn.r_s_bias"}
+    assert model.training  # built in train mode: the walk, in eval mode, leaves it as it found it

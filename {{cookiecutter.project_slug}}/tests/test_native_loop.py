@@ -13,6 +13,7 @@ from conftest import package_module, smoke_flags
 batching = package_module("batching")
 checkpoint = package_module("checkpoint")
 config = package_module("config")
+modeling = package_module("modeling")
 sharding = package_module("sharding")
 train = package_module("train")
 
@@ -66,13 +67,13 @@ def test_fsdp_on_one_process_trains_the_whole_model_after_finding_its_blocks(bui
         job = build_job("--fsdp", "true")
     assert job.model is job.module and not sharding.is_sharded(job.module)
     assert "--fsdp on one process: nothing to shard, the model trains whole" in caplog.text
-    assert sharding.transformer_blocks(job.module) is job.module.bert.encoder.layer
+    assert modeling.transformer_blocks(job.module) is job.module.bert.encoder.layer
 
 
 def test_fsdp_refuses_a_model_without_repeated_blocks() -> None:
     with pytest.raises(config.ConfigError, match=r"^--fsdp: found no list of repeated transformer blocks in "
                                                  r"Sequential to shard one by one; train it without --fsdp$"):
-        sharding.transformer_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)))
+        modeling.transformer_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)))
 
 
 def test_a_checkpoint_without_sharded_state_is_refused_as_an_older_versions(tmp_path: Path) -> None:

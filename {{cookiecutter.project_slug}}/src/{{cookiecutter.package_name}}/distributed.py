@@ -1,11 +1,13 @@
 """Processes in step: torchrun's process group, logging per rank, the first rank first, evaluation and
-prediction sharded over the ranks, the gradient check, and one error line per node."""
+prediction sharded over the ranks (on FSDP's weights gathered whole), the gradient check, and one error
+line per node."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
 import logging
+import math
 import os
 import sys
 import time
@@ -17,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import transformers
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from .config import ConfigError
@@ -160,6 +163,36 @@ def sharded_forward(model: torch.nn.Module, rows: datasets.Dataset, batches: Cal
     return gathered[0], gathered[1] if labelled else None, float(loss_sum)
 
 
+@contextlib.contextmanager
+def whole_weights(model: torch.nn.Module) -> Iterator[None]:
+    """Inside, every rank holds the whole weights (in the compute dtype), and a forward pass communicates
+    nothing: evaluation and prediction then run any number of batches on each rank, as without FSDP.
+    Outside, the weights are sharded again. Without FSDP, nothing to do."""
+    modules = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    for module in modules:
+        module.set_reshard_after_forward(False, recurse=False)
+        module.unshard()
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.reshard()
+            # fully_shard's defaults: the blocks reshard after forward, the root keeps its weights until backward.
+            module.set_reshard_after_forward(module is not model, recurse=False)
+
+
+def gathered_on_rank0(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors of a state_dict whole, in fp32 as trained, on rank 0's CPU; {} on the other ranks.
+    One all-gather per sharded tensor, so one whole tensor at a time is on the device. Every rank calls it."""
+    rank, whole = dist.get_rank(), {}
+    for name, tensor in state.items():
+        if isinstance(tensor, DTensor):
+            tensor = tensor.full_tensor()
+        if rank == 0:
+            whole[name] = tensor.detach().cpu()
+    return whole
+
+
 def setup_logging(is_main_process: bool) -> None:
     """Log progress from rank 0; the other ranks report warnings and errors only. No progress bars of
     the libraries but the data set's tokenising, on a terminal."""
@@ -196,25 +229,45 @@ def main_process_first() -> Iterator[None]:
 
 @torch.no_grad()
 def assert_gradients_synchronised(model: torch.nn.Module) -> None:
-    """Compare per-tensor gradient sums across ranks; they differ only if DDP is not syncing.
+    """After the first backward, compare each trainable parameter's gradient sum across ranks: DDP has
+    averaged them, so they are equal wherever it did. A parameter without a gradient counts as NaN.
 
-    Costs one all_gather, so call it once (after the first backward), not every step.
+    Costs one all_gather, so call it once, not every step.
     """
     if not is_distributed():
         return
-    # FSDP's gradients are shards (DTensors), different on each rank by design: sharding.assert_shards_reduced.
-    grads = [p.grad for p in model.parameters() if p.grad is not None and not isinstance(p.grad, DTensor)]
-    if not grads:
+    # FSDP's gradients are shards (DTensors), different on each rank by design: not compared here.
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad and not isinstance(p, DTensor)]
+    if not named:
         return
-    sums = torch.stack([g.detach().double().sum() for g in grads])
+    sums = torch.stack([p.grad.double().sum() if p.grad is not None else torch.full((), math.nan,
+                        dtype=torch.float64, device=p.device) for _, p in named])
     gathered = [torch.empty_like(sums) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, sums)
     for rank, other in enumerate(gathered[1:], start=1):
-        if not torch.allclose(gathered[0], other, rtol=1e-5, atol=1e-8, equal_nan=True):
-            raise RuntimeError(
-                f"gradients differ between rank 0 and rank {rank} after the first step: DDP is not "
-                "synchronising them. Launch with torchrun and let this project pick the backend."
-            )
+        same = torch.isclose(gathered[0], other, rtol=1e-5, atol=1e-8, equal_nan=True)
+        if not same.all():
+            differ = [name for (name, _), equal in zip(named, same.tolist(), strict=True) if not equal]
+            raise RuntimeError(f"gradients differ between rank 0 and rank {rank} after the first step, in "
+                               f"{some_of(differ)}: DDP did not average them. {why_not_averaged(named, gathered)}")
+
+
+def why_not_averaged(named: list[tuple[str, torch.nn.Parameter]], gathered: list[torch.Tensor]) -> str:
+    """What can leave gradients unaveraged under DDP, for assert_gradients_synchronised's message."""
+    missing = torch.stack(gathered).isnan().any(dim=0).tolist()
+    gradientless = [name for (name, _), none in zip(named, missing, strict=True) if none]
+    if gradientless:
+        return (f"{some_of(gradientless)} got no gradient on some rank: DDP all-reduces a bucket of gradients only "
+                "once every parameter in it has one. A model whose forward skips parameters on some inputs needs "
+                "--ddp_find_unused_parameters true")
+    return ("Every parameter got a gradient, so DDP skipped no bucket: were parameters made trainable after the "
+            "model was wrapped in DDP, or gradients changed after backward on one rank only?")
+
+
+def some_of(names: list[str], shown: int = 6) -> str:
+    """Parameter names for a message: the first few, and how many more."""
+    text = ", ".join(names[:shown])
+    return f"{len(names)} parameter tensor(s) ({text}{f' and {len(names) - shown} more' if len(names) > shown else ''})"
 
 
 def cleanup_distributed() -> None:

@@ -1,5 +1,5 @@
-"""Tokenizer and model loading from the Hub or a local save_pretrained folder; padding, LoRA and gradient
-checkpointing, the same for both loops and predict."""
+"""Tokenizer and model loading from the Hub or a local save_pretrained folder; padding, LoRA, parameters the
+forward never uses, and gradient checkpointing, the same for both loops and predict."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from .config import ConfigError, ModelArguments, check_local_path, model_not_found
-from .data import Task
+from .data import MODEL_INPUTS, Task
+from .distributed import some_of
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -66,14 +67,16 @@ def pad_on_the_right(tokenizer: PreTrainedTokenizerBase, name: str) -> None:
         tokenizer.padding_side = tokenizer.init_kwargs["padding_side"] = "right"  # init_kwargs: what it saves
 
 
-def load_model(model_args: ModelArguments, task: Task,
-               tokenizer: PreTrainedTokenizerBase | None = None) -> PreTrainedModel:
+def load_model(model_args: ModelArguments, task: Task, tokenizer: PreTrainedTokenizerBase | None = None,
+               freeze_unused: bool = False) -> PreTrainedModel:
     """Load a sequence classifier in fp32, with one output per class (one for regression), and the task
     in its config: problem type, label names, input columns and max_seq_length (Task.as_config).
 
     With a tokenizer, its pad token becomes the config's: a decoder's head reads each row's logits at its
     last token that is not the pad token, and without one refuses batches of more than one row. With
-    --lora_r > 0 the model comes back wrapped in LoRA adapters (wrap_with_lora)."""
+    --lora_r > 0 the model comes back wrapped in LoRA adapters (wrap_with_lora). With freeze_unused (and a
+    tokenizer), trainable parameters the classification forward never uses are frozen
+    (freeze_unused_parameters)."""
     name, names = model_args.model_name_or_path, task.label_names
     check_local_path(name)
     try:
@@ -116,11 +119,71 @@ def load_model(model_args: ModelArguments, task: Task,
         raise model_not_found(name, type(err).__name__) from None
     if model_args.lora_r > 0:
         model = wrap_with_lora(model, model_args)
+    if freeze_unused:
+        freeze_unused_parameters(model, example_inputs(tokenizer, task))
     counts = parameter_counts(model)
     logger.info("parameters: %d trainable of %d (%.2f%%)%s", counts["trainable_parameters"],
                 counts["total_parameters"], 100 * counts["trainable_parameters"] / counts["total_parameters"],
                 f", LoRA r={model_args.lora_r}" if model_args.lora_r > 0 else "")
     return model
+
+
+# ---- parameters the forward never uses ------------------------------------------------------
+
+
+def example_inputs(tokenizer: PreTrainedTokenizerBase, task: Task) -> dict[str, torch.Tensor]:
+    """One short example, tokenised as data.encode tokenises the task's rows (a pair for a pair task), with
+    the inputs the collator passes on: token_type_ids too where the tokenizer gives them."""
+    text = "a short example"
+    encoded = tokenizer([text], [text] if task.text_pair_column else None, return_tensors="pt")
+    return {key: value for key, value in encoded.items() if key in MODEL_INPUTS}
+
+
+def unused_parameters(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> list[str]:
+    """The names of the trainable parameters that one forward on inputs never reaches.
+
+    Found as DDP's find_unused_parameters finds them: walking the autograd graph back from the logits to
+    its leaves (AccumulateGrad nodes, whose variable is the parameter). No backward runs, no gradient is
+    allocated, and in eval mode no dropout draws from the RNG. A reentrant checkpoint would hide its
+    layers from the walk: call this before gradient checkpointing is enabled.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        logits = model(**inputs).logits
+    finally:
+        model.train(was_training)
+    reached, seen, nodes = set(), set(), [logits.grad_fn]
+    while nodes:
+        node = nodes.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):
+            reached.add(id(node.variable))
+        nodes.extend(next_node for next_node, _ in node.next_functions)
+    return [name for name, parameter in model.named_parameters() if parameter.requires_grad and id(parameter)
+            not in reached]
+
+
+def freeze_unused_parameters(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> list[str]:
+    """Freeze the trainable parameters the classification forward never uses, and name them in one line.
+
+    Some architectures carry weights their classification head skips (BigBird's pooler, ESM's contact
+    head, XLNet's mask embedding), and LoRA may put adapters on such layers. They never get a gradient,
+    so they can never learn; and DDP, which all-reduces a bucket once every parameter in it has its
+    gradient, would never reduce their bucket: the ranks' gradients would part at the first step.
+    Frozen, DDP leaves them out. A model that uses other parameters on other inputs (a mixture of
+    experts routing tokens) must not lose them: it trains with --ddp_find_unused_parameters true,
+    which skips this.
+    """
+    unused = unused_parameters(model, inputs)
+    for name in unused:
+        model.get_parameter(name).requires_grad_(False)
+    if unused:
+        logger.info("froze %s: the classification forward never uses them, so they could not learn, and DDP "
+                    "would wait for their gradients", some_of(unused))
+    return unused
 
 
 # ---- LoRA -------------------------------------------------------------------------------------
@@ -186,6 +249,20 @@ def is_lora(model: torch.nn.Module) -> bool:
 
     return isinstance(model, PeftModel)
 
+
+
+def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The model's repeated blocks, which FSDP shards one by one: the ModuleList of modules of one class that
+    holds the most weights (BERT's encoder.layer, GPT-2's h, Llama's layers). Found from the model itself:
+    transformers' _no_split_modules names them for some families only (DistilBERT, ELECTRA and DeBERTa-v2
+    leave it empty)."""
+    lists = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList) and len(module) > 0
+             and len({type(block) for block in module}) == 1 and any(True for _ in module.parameters())]
+    if not lists:
+        name = type(classifier_of(model)).__name__
+        raise ConfigError(f"--fsdp: found no list of repeated transformer blocks in {name} to shard one by one; "
+                          "train it without --fsdp")
+    return max(lists, key=lambda blocks: sum(p.numel() for p in blocks.parameters()))
 
 
 def check_same_lora(checkpoint: Path, lora_r: int) -> None:

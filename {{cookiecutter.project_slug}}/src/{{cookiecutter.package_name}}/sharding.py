@@ -5,8 +5,10 @@ keeps 1/world_size of each: every transformer block is sharded on its own, then 
 head, the rest), so that one block at a time is gathered whole in the forward and backward passes.
 Each parameter becomes a DTensor holding this rank's shard; its gradient arrives already averaged over
 the ranks and sharded (a reduce-scatter), and AdamW steps the shards. The rest of the loop stays as
-under DDP; this module holds what differs: wrapping, accumulation, the gradient check, evaluation on
-whole weights, and gathering the weights once for the final save_pretrained.
+under DDP; this module holds what differs: wrapping, accumulation, the gradient check, and gathering the
+weights once for the final save_pretrained. The blocks (modeling.transformer_blocks), evaluation on whole
+weights and the gather itself (distributed.whole_weights, gathered_on_rank0) are shared with the Trainer's
+--fsdp.
 """
 
 from __future__ import annotations
@@ -16,32 +18,15 @@ import logging
 from collections.abc import Iterator
 
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from .config import ConfigError
-from .modeling import classifier_of, is_lora
+from .distributed import gathered_on_rank0
+from .modeling import is_lora, transformer_blocks
 
 logger = logging.getLogger(__name__)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "no": None}
-
-
-def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The model's repeated blocks: the ModuleList of modules of one class that holds the most weights.
-
-    Found from the model itself rather than from class names per family: BERT's encoder.layer, GPT-2's
-    h, Llama's layers. (transformers' _no_split_modules names them for some families only: DistilBERT,
-    ELECTRA and DeBERTa-v2 leave it empty.)
-    """
-    lists = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList) and len(module) > 0
-             and len({type(block) for block in module}) == 1 and any(True for _ in module.parameters())]
-    if not lists:
-        name = type(classifier_of(model)).__name__
-        raise ConfigError(f"--fsdp: found no list of repeated transformer blocks in {name} to shard one by one; "
-                          "train it without --fsdp")
-    return max(lists, key=lambda blocks: sum(p.numel() for p in blocks.parameters()))
 
 
 def shard_model(model: torch.nn.Module, device: torch.device, world_size: int, precision: str) -> torch.nn.Module:
@@ -89,36 +74,6 @@ def assert_shards_reduced(model: torch.nn.Module) -> None:
         raise RuntimeError(f"FSDP reduced no gradient into {len(missing)} trainable parameter(s) after the first "
                            f"step ({', '.join(missing[:3])}): either the forward never uses them, or gradient "
                            "sync was left off on the last micro-step")
-
-
-@contextlib.contextmanager
-def whole_weights(model: torch.nn.Module) -> Iterator[None]:
-    """Inside, every rank holds the whole weights (in the compute dtype), and a forward pass communicates
-    nothing: evaluation and prediction then run any number of batches on each rank, as without FSDP.
-    Outside, the weights are sharded again. Without FSDP, nothing to do."""
-    modules = [module for module in model.modules() if isinstance(module, FSDPModule)]
-    for module in modules:
-        module.set_reshard_after_forward(False, recurse=False)
-        module.unshard()
-    try:
-        yield
-    finally:
-        for module in modules:
-            module.reshard()
-            # fully_shard's defaults: the blocks reshard after forward, the root keeps its weights until backward.
-            module.set_reshard_after_forward(module is not model, recurse=False)
-
-
-def gathered_on_rank0(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The tensors of a state_dict whole, in fp32 as trained, on rank 0's CPU; {} on the other ranks.
-    One all-gather per sharded tensor, so one whole tensor at a time is on the device. Every rank calls it."""
-    rank, whole = dist.get_rank(), {}
-    for name, tensor in state.items():
-        if isinstance(tensor, DTensor):
-            tensor = tensor.full_tensor()
-        if rank == 0:
-            whole[name] = tensor.detach().cpu()
-    return whole
 
 
 def gather_final_weights(model: torch.nn.Module) -> tuple[dict, dict | None]:

@@ -43,6 +43,7 @@ from .distributed import (
     setup_logging,
     sharded_forward,
     start_distributed,
+    whole_weights,
 )
 from .meter import LossMeter
 from .metrics import (
@@ -54,18 +55,17 @@ from .metrics import (
     whole_run_metrics,
     write_log_line,
 )
-from .modeling import enable_gradient_checkpointing, load_model, load_tokenizer, parameter_counts, save_lora_base
+from .modeling import (
+    enable_gradient_checkpointing,
+    load_model,
+    load_tokenizer,
+    parameter_counts,
+    save_lora_base,
+    transformer_blocks,
+)
 from .results import write_results
 from .resume import agree_on_resume_checkpoint
-from .sharding import (
-    assert_shards_reduced,
-    gather_final_weights,
-    is_sharded,
-    no_gradient_sync,
-    shard_model,
-    transformer_blocks,
-    whole_weights,
-)
+from .sharding import assert_shards_reduced, gather_final_weights, is_sharded, no_gradient_sync, shard_model
 from .stopping import StopRequest
 from .torchrun import STOPPED_EXIT_CODE, TorchrunEnv
 from .trackers import Tracker, start_tracker
@@ -168,7 +168,8 @@ def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args
     sampler, train_loader, plan = build_train_batches(data.train, args, collator, env.rank, env.world_size,
                                                       device.type == "cuda", read_batch_plan(checkpoint))
 
-    module = load_model(model_args, data.task, tokenizer)
+    # Parameters the forward never uses are frozen, unless DDP is to search for them at every step.
+    module = load_model(model_args, data.task, tokenizer, freeze_unused=not args.ddp_find_unused_parameters)
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(module)
     module = module.to(device)

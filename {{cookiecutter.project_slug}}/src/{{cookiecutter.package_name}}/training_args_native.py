@@ -5,7 +5,8 @@ and the Trainer variant. A flag that is not here is refused by the parser, like 
 Defaults follow it too, except: output_dir, logging_steps and save_total_limit (this project's
 choices, as in the Trainer variant); do_train and do_eval (this script always did both);
 train_sampling_strategy (see below); ddp_find_unused_parameters and ddp_broadcast_buffers False
-(BERT uses every parameter, and its buffers never change: each search or sync costs every step);
+(parameters the forward never uses are frozen at load instead, and BERT's buffers never change: each
+search or sync costs every step);
 disable_tqdm False; tf32 None leaves torch's own setting; dataloader_num_workers None sizes the
 loader to the CPUs this process may use (distributed.default_dataloader_workers); fsdp is true or false
 (transformers takes a string of FSDP options): true shards each transformer block with FSDP2 (sharding.py).
@@ -77,7 +78,7 @@ class TrainingArguments:
     tf32: bool | None = flag(None, "TF32 matmuls on Ampere+ GPUs.")
     ddp_backend: str | None = flag(None, "None: nccl on GPU, gloo on CPU.", ["nccl", "gloo"])
     ddp_timeout: int = flag(1800, "Seconds before a stuck collective fails.")
-    ddp_find_unused_parameters: bool = flag(False, "For models that skip parameters.")
+    ddp_find_unused_parameters: bool = flag(False, "For models that skip parameters by input.")
     ddp_bucket_cap_mb: int | None = flag(None, "DDP bucket MiB; None: torch's 25.")
     ddp_broadcast_buffers: bool = flag(False, "Sync buffers before each forward.")
     fsdp: bool = flag(False, "Shard weights, grads, AdamW (FSDP2).")

@@ -23,6 +23,12 @@ from .distributed import default_dataloader_workers
 # optimizer and the RNG state, so a folder holding it is complete. (Not imported from there: the preflight
 # would then import the whole Trainer.)
 CHECKPOINT_LAST_FILE = "trainer_state.json"
+# What --fsdp true sets transformers' fsdp_config to, unless --fsdp_config gives one: FSDP2, each transformer
+# block sharded on its own (the block class is named once the model is loaded: train.py's shard_blocks_of),
+# its weights resharded after its forward, and whole weights gathered for every save, so that checkpoints
+# and output_dir load as without FSDP.
+FSDP2 = {"version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "reshard_after_forward": True,
+         "state_dict_type": "FULL_STATE_DICT", "cpu_ram_efficient_loading": False}
 
 
 @dataclass
@@ -45,9 +51,11 @@ class TrainingArguments(transformers.TrainingArguments):
     )
     do_train: bool = field(default=True, metadata={"help": "Train (false: only evaluate the loaded model)."})
     do_eval: bool = field(default=True, metadata={"help": "Evaluate after training and write metrics.json."})
-    # BERT uses every parameter on every step; searching for unused ones costs a graph walk per step.
+    # Searching for unused parameters costs a graph walk per step; those the forward never uses are frozen
+    # at load instead (modeling.freeze_unused_parameters).
     ddp_find_unused_parameters: bool | None = field(
-        default=False, metadata={"help": "Passed to DistributedDataParallel(find_unused_parameters=...)."}
+        default=False, metadata={"help": "For models whose forward skips other parameters on other inputs; true "
+                                         "also keeps unused ones trainable."}
     )
     # The collator drops helper columns itself; keeping them lets the length sampler read "length".
     remove_unused_columns: bool = field(
@@ -56,6 +64,9 @@ class TrainingArguments(transformers.TrainingArguments):
     dataloader_num_workers: int | None = field(
         default=None, metadata={"help": "Loader processes per rank; None: this process's share of the CPUs, at most 4."}
     )
+    # transformers 5 types its own fsdp as a string of options, and warns that strings are deprecated: here it
+    # is true or false, as in the native loop.
+    fsdp: bool = field(default=False, metadata={"help": "Shard weights, grads, AdamW (FSDP2); GPUs only."})
     output_dir: str | None = field(default="outputs", metadata={"help": "Checkpoints, final model, metrics.json."})
     logging_steps: float = field(default=10, metadata={"help": "Log every N optimizer steps."})
     save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most this many checkpoints."})
@@ -78,6 +89,13 @@ class TrainingArguments(transformers.TrainingArguments):
         self.ddp_backend = self.device_settings.ddp_backend
         self.fp16 = self.device_settings.precision == "fp16"
         self.bf16 = self.device_settings.precision == "bf16"
+        if self.fsdp:
+            if self.device_settings.use_cpu:  # accelerate would set the run up as plain DDP, without a word
+                raise ConfigError("--fsdp true needs GPUs under the Trainer: on CPU accelerate trains plain DDP and "
+                                  "shards nothing. Drop --fsdp, or use this template's native loop, whose --fsdp "
+                                  "shards on CPU too")
+            if self.fsdp_config is None:
+                self.fsdp_config = dict(FSDP2)
         self.parsing = True
         try:
             super().__post_init__()
