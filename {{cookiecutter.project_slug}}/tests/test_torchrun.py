@@ -40,7 +40,8 @@ def test_module_workers_are_forked_from_the_launcher_once_it_has_imported_the_mo
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PREFLIGHT_WORLD_SIZE", raising=False)
     monkeypatch.delitem(sys.modules, f"{PACKAGE}.metrics", raising=False)
-    argv = torchrun.fork_workers_from_here(["--standalone", "-m", "--nproc-per-node=2", f"{PACKAGE}.metrics", "-m", "x"])
+    argv = torchrun.fork_workers_from_here(
+        ["--standalone", "-m", "--nproc-per-node=2", f"{PACKAGE}.metrics", "-m", "x"])
     worker = str(Path(torchrun.__file__).with_name("worker.py"))
     assert argv == ["--standalone", "--nproc-per-node=2", "--run-path", "--start-method=fork", worker,
                     f"{PACKAGE}.metrics", "-m", "x"]
