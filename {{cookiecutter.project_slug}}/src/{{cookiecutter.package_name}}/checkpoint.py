@@ -39,8 +39,10 @@ from .modeling import check_same_lora, is_lora
 from .training_args import CHECKPOINT_LAST_FILE as TRAINING_STATE
 
 SHARDED_STATE = "model_and_optimizer"  # DCP's folder in each checkpoint
-# The frozen base of a LoRA model is the pretrained one: not saved in every checkpoint.
+# The frozen base of a LoRA model is the pretrained one: not saved in every checkpoint, and so not loaded
+# either (strict=False: check_same_model has compared every saved name and shape with this model's).
 STATE_OPTIONS = StateDictOptions(ignore_frozen_params=True)
+LOAD_OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
 class Stateful(Protocol):
@@ -125,7 +127,7 @@ class Checkpointer:
                                   "--output_dir (without --resume_from_checkpoint)."))
         dcp.load(sharded, checkpoint_id=checkpoint / SHARDED_STATE, no_dist=not is_distributed())  # this rank's shards
         set_state_dict(self.model, self.optimizer, model_state_dict=sharded["model"],
-                       optim_state_dict=sharded["optimizer"], options=STATE_OPTIONS)
+                       optim_state_dict=sharded["optimizer"], options=LOAD_OPTIONS)
         for name, part in self.parts.items():
             if part is not None and state[name] is not None:
                 part.load_state_dict(state[name])
