@@ -70,9 +70,10 @@ def run_pids(token: str) -> dict[int, str]:
     return found
 
 
-def is_worker(command: str) -> bool:
-    """A rank or one of its loader workers (forks of it), not torchrun's agent, whose line names the module too."""
-    return "-m fault_inject" in command and "torchrun" not in command
+def is_worker(pid: int, command: str, launchers: set[int]) -> bool:
+    """A rank or one of its loader workers: a process of the run that is not a launcher. The launcher forks the
+    ranks, and a rank its loader workers, so all of them have the launcher's command line."""
+    return "-m fault_inject" in command and pid not in launchers
 
 
 @dataclass
@@ -80,6 +81,7 @@ class Watch:
     """Every process of a run, polled each 0.1 s: when each was first and last seen alive."""
 
     tokens: list[str]
+    launchers: set[int] = field(default_factory=set)  # the launch scripts' processes, which exec the launcher
     first_seen: dict[int, float] = field(default_factory=dict)
     last_seen: dict[int, float] = field(default_factory=dict)
     commands: dict[int, str] = field(default_factory=dict)
@@ -106,8 +108,8 @@ class Watch:
     def workers_ended(self, fault_time: float) -> float:
         """Seconds from the fault to the exit of the last worker (a rank or its loader workers) that was alive
         at the fault; those of a restart start after it."""
-        ends = [self.last_seen[pid] for pid, command in self.commands.items()
-                if is_worker(command) and self.first_seen[pid] <= fault_time <= self.last_seen[pid] + 0.2]
+        ends = [self.last_seen[pid] for pid, command in self.commands.items() if is_worker(pid, command, self.launchers)
+                and self.first_seen[pid] <= fault_time <= self.last_seen[pid] + 0.2]
         assert ends, "no worker was seen alive at the fault"
         return max(ends) - fault_time
 
@@ -174,8 +176,10 @@ def kill_all(tokens: list[str]) -> None:
 
 
 def read_fault(folder: Path) -> dict | None:
-    marker = folder / "fault.json"
-    return json.loads(marker.read_text()) if marker.exists() else None
+    """The fault's record, once the rank has written it whole (it creates the file first, then writes)."""
+    with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+        return json.loads((folder / "fault.json").read_text())
+    return None
 
 
 def wait_for_fault(folder: Path, processes: list[subprocess.Popen], tokens: list[str]) -> dict:
@@ -193,6 +197,7 @@ def launch(project: Project, folder: Path, script: str, env: dict[str, str]) -> 
     token, output_dir, started = uuid.uuid4().hex, folder / "output", time.time()
     watch = Watch([token])
     process = project.start(script, output_dir, project.env(token, **env), folder / "node0.log")
+    watch.launchers.add(process.pid)
     returncodes = wait([process], [token])
     watch.finish()
     fault = read_fault(folder)
@@ -273,6 +278,7 @@ class FaultMatrix:
         nodes = [project.start("train_multi_node.sh", output_dir,
                                project.env(tokens[rank], NODE_RANK=str(rank), **{**common, **(faulty if rank else {})}),
                                folder / f"node{rank}.log") for rank in (0, 1)]
+        watch.launchers.update(node.pid for node in nodes)
         fault = wait_for_fault(folder, nodes, tokens)
         killed_at = time.time()
         kill_all(tokens[1:])
@@ -294,6 +300,7 @@ class FaultMatrix:
         env = {"NPROC_PER_NODE": "2", **project.fault_env(folder, output_dir, "hold", rank=1)}
         watch = Watch([token])
         process = project.start("train_single_node.sh", output_dir, project.env(token, **env), folder / "node0.log")
+        watch.launchers.add(process.pid)
         fault = wait_for_fault(folder, [process], [token])
         signalled = run_pids(token)
         for pid in signalled:
@@ -305,7 +312,8 @@ class FaultMatrix:
         watch.finish()
         run = Run(returncodes, (folder / "node0.log").read_text(), output_dir, fault, run_pids(token))
         run.seconds["signal_to_exit"] = time.time() - signal_time
-        run.seconds["workers_signalled"] = sum(is_worker(command) for command in signalled.values())
+        run.seconds["workers_signalled"] = sum(is_worker(pid, command, watch.launchers)
+                                               for pid, command in signalled.items())
         resumed = launch(project, folder, "train_single_node.sh", env)  # the marker exists: no second fault
         return run, resumed
 
