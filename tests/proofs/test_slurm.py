@@ -344,18 +344,17 @@ def test_a_stop_before_the_training_starts_is_an_error_and_not_requeued(
 def test_a_stop_while_the_workers_start_is_an_error_and_not_requeued(
     cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path
 ) -> None:
-    job = Job(cluster, tmp_path, 1, [*smoke_flags(smoke_assets, tmp_path / "out"), *FLAGS])
-    # The launcher runs (its SIGTERM handler is set: a signal to a step whose task has not started is lost):
-    # it checks the settings, then forks its workers, which take seconds to load.
-    job.wait_for_log(r"INFO \w+\.(data|preflight): ")
-    time.sleep(1)
+    # The workers have started and wait before the run (tests/slow_steps.py's START_PAUSE): the stop finds them
+    # before they set their SIGTERM handler, and kills them.
+    job = Job(cluster, tmp_path, 1, [*smoke_flags(smoke_assets, tmp_path / "out"), *FLAGS], MODULE="slow_steps",
+              START_PAUSE="60", PYTHONPATH=str(REPO_ROOT / "tests"))
+    job.wait_for_log(r"slow_steps: waiting")
     cluster.signal_batch(job.id, "TERM")
     info = job.wait_for({"FAILED"}, timeout=120)
     log = job.text()
     assert info["Restarts"] == "0"
-    # Before its workers started, or while they loaded (which of the two depends on the machine's speed).
-    assert re.search(r"torchrun: stopped by SIGTERM( before any worker started: nothing was saved|, but worker\(s\) "
-                     r".* did not save the step they reached)", log), log[-3000:]
+    assert re.search(r"torchrun: stopped by SIGTERM, but worker\(s\) \d+ \(killed by SIGTERM\), \d+ \(killed by "
+                     r"SIGTERM\) did not save the step they reached", log), log[-3000:]
     assert log.rstrip().splitlines()[-1].startswith(
         "error: the training did not save at the stop: srun ended with status 1 (see above); nothing new was saved, "
         f"so job {job.id} is not requeued")

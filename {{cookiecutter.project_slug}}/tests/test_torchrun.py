@@ -19,8 +19,9 @@ SAVED = torchrun.STOPPED_EXIT_CODE
     ({11: 0, 12: 0}, 0, "torchrun: SIGTERM came as the run ended: all 2 worker(s) here had finished it"),
     ({11: SAVED, 12: 1}, 1, "torchrun: stopped by SIGTERM, but worker(s) 12 (exit status 1) did not save"),
     ({11: 0, 12: None}, 1, "torchrun: stopped by SIGTERM, but worker(s) 11 (exit status 0), 12 (still running)"),
+    ({11: SAVED, 12: -15}, 1, "torchrun: stopped by SIGTERM, but worker(s) 12 (killed by SIGTERM) did not save"),
     ({}, 1, "torchrun: stopped by SIGTERM before any worker started: nothing was saved"),
-], ids=["all-saved", "all-finished", "one-failed", "one-still-running", "none-started"])
+], ids=["all-saved", "all-finished", "one-failed", "one-still-running", "one-killed", "none-started"])
 def test_the_exit_status_says_whether_the_workers_saved_or_finished(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, statuses: dict, code: int, line: str
 ) -> None:

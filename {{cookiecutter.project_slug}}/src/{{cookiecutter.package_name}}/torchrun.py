@@ -254,7 +254,9 @@ def child_pids() -> list[int]:
 
 
 def exit_status(pid: int, deadline: float) -> int | None:
-    """A child's exit status (128 + N if killed by signal N) once it has exited, or None at the deadline.
+    """A child's exit status once it has exited (-N if a signal N killed it, as subprocess says), or None at the
+    deadline. A worker killed by the SIGTERM before it could set its handler did not save: -15, never the
+    STOPPED_EXIT_CODE (143) of a worker that saved and exited.
 
     WNOWAIT leaves the child for torchrun to reap, as it expects to.
     """
@@ -264,14 +266,18 @@ def exit_status(pid: int, deadline: float) -> int | None:
         except ChildProcessError:
             return None  # reaped already: not known
         if info is not None:
-            return info.si_status if info.si_code == os.CLD_EXITED else 128 + info.si_status
+            return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
         time.sleep(0.05)
     return None
 
 
 def describe(statuses: dict[int, int | None]) -> str:
-    return ", ".join(f"{pid} ({'still running' if status is None else f'exit status {status}'})"
-                     for pid, status in statuses.items())
+    def how(status: int | None) -> str:
+        if status is None:
+            return "still running"
+        return f"killed by {signal.Signals(-status).name}" if status < 0 else f"exit status {status}"
+
+    return ", ".join(f"{pid} ({how(status)})" for pid, status in statuses.items())
 
 
 if __name__ == "__main__":
