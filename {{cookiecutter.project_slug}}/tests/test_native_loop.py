@@ -61,6 +61,16 @@ def test_a_step_the_grad_scaler_skips_leaves_the_schedule_where_it_was(build_job
     assert list(logged) == ([1, 2, 3] if logging_steps == "1" else [2, 3])
 
 
+def test_a_checkpoint_of_one_process_is_saved_and_read_without_warnings(build_job, recwarn) -> None:
+    """torch.distributed.checkpoint warns at each save and load without a process group: one process means it."""
+    job = build_job("--max_steps", "2", "--save_strategy", "steps", "--save_steps", "2", "--do_eval", "false")
+    train.train(job)
+    saved = Path(job.args.output_dir) / "checkpoint-2"
+    job.checkpointer.load(saved)
+    assert checkpoint.checkpoint_problem(saved) is None
+    assert [str(warning.message) for warning in recwarn] == []
+
+
 def test_fsdp_on_one_process_trains_the_whole_model_after_finding_its_blocks(build_job, caplog) -> None:
     """The config of a multi-GPU FSDP run, debugged on one process: accepted, and nothing is sharded."""
     with caplog.at_level("INFO"):

@@ -18,9 +18,11 @@ writes it with save_pretrained.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -86,7 +88,8 @@ class Checkpointer:
         if is_distributed():
             dist.barrier()  # nobody writes a shard into a folder rank 0 is still removing
         # Returns once every rank's shards are written (no_dist: one process, with or without a group).
-        dcp.save(self.sharded_state(), checkpoint_id=temporary / SHARDED_STATE, no_dist=not is_distributed())
+        with one_process_meant():
+            dcp.save(self.sharded_state(), checkpoint_id=temporary / SHARDED_STATE, no_dist=not is_distributed())
         if rng_states is not None:
             if is_lora(self.model):  # adapter_config.json, its LoRA rank; no config.json, as its weights are no model
                 self.model.peft_config["default"].save_pretrained(temporary)
@@ -125,7 +128,8 @@ class Checkpointer:
                                   "Its place in the epoch only means something under its own batch plan: to "
                                   "continue it, run again with its settings; to train with these, use a new "
                                   "--output_dir (without --resume_from_checkpoint)."))
-        dcp.load(sharded, checkpoint_id=checkpoint / SHARDED_STATE, no_dist=not is_distributed())  # this rank's shards
+        with one_process_meant():
+            dcp.load(sharded, checkpoint_id=checkpoint / SHARDED_STATE, no_dist=not is_distributed())  # rank's shards
         set_state_dict(self.model, self.optimizer, model_state_dict=sharded["model"],
                        optim_state_dict=sharded["optimizer"], options=LOAD_OPTIONS)
         for name, part in self.parts.items():
@@ -153,6 +157,14 @@ class Checkpointer:
                 + ". Use a new --output_dir, or --resume_from_checkpoint with a checkpoint of this model "
                 "and data."
             )
+
+
+@contextlib.contextmanager
+def one_process_meant():
+    """DCP warns at every save and load by one process (no_dist), which a run of one process means to do."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 def checkpoint_problem(path: Path) -> str | None:
