@@ -45,6 +45,7 @@ Each run gets a fresh Hugging Face cache, so every row loads and tokenises its d
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import json
 import os
@@ -214,6 +215,36 @@ def markdown(medians: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def import_times(project: Path) -> dict[str, float]:
+    """Seconds `import <package>.train` takes in a new process, per top-level package: each module's own
+    time under `python -X importtime`, summed by the package it belongs to. The launch pays this once per
+    node, in the process the workers are forked from, before the first step."""
+    result = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {PACKAGE}.train"], cwd=project,
+                            env=dict(os.environ, PYTHONPATH=str(project / "src")), capture_output=True, text=True,
+                            check=True)
+    seconds: collections.Counter = collections.Counter()
+    for line in result.stderr.splitlines():  # "import time: <own us> | <cumulative us> | <indent><module>"
+        own, *_, module = line.removeprefix("import time:").split("|")
+        if line.startswith("import time:") and own.strip().isdigit():  # not the header line
+            seconds[module.strip().split(".")[0]] += int(own) / 1e6
+    return dict(seconds)
+
+
+def import_table(times: dict[str, dict[str, float]], shown: int = 8) -> str:
+    """The packages that take longest to import in either loop, then the rest and the total."""
+    loops = list(times)
+    heaviest = sorted({name for loop in loops for name in times[loop]},
+                      key=lambda name: -max(times[loop].get(name, 0.0) for loop in loops))[:shown]
+    lines = [f"| `import {PACKAGE}.train` (`-X importtime`) | " + " | ".join(f"{loop} (s)" for loop in loops) + " |",
+             "|---|" + "---:|" * len(loops)]
+    for name in heaviest:
+        lines.append(f"| {name} | " + " | ".join(f"{times[loop].get(name, 0.0):.2f}" for loop in loops) + " |")
+    rest = [sum(value for name, value in times[loop].items() if name not in heaviest) for loop in loops]
+    lines.append("| everything else | " + " | ".join(f"{value:.2f}" for value in rest) + " |")
+    lines.append("| **total** | " + " | ".join(f"**{sum(times[loop].values()):.2f}**" for loop in loops) + " |")
+    return "\n".join(lines)
+
+
 def check_targets(medians: dict[str, dict]) -> list[dict]:
     return [{"target": label, "value": medians[row][measure], "threshold": threshold,
              "met": medians[row][measure] >= threshold} for label, row, measure, threshold in TARGETS]
@@ -284,6 +315,8 @@ def main() -> None:
                       f"({run['samples_per_cpu_s']:.1f} per CPU s)  padding eff. {run['padding_efficiency']:.3f}",
                       file=sys.stderr, flush=True)
 
+        imports = {loop: import_times(project) for loop, project in projects.items()}
+
     medians = summarise(runs)
     targets = check_targets(medians)
     today = datetime.date.today().isoformat()
@@ -295,6 +328,9 @@ def main() -> None:
     print()
     for target in targets:
         print(f"- {target['target']}: {target['value']:.2f} ({'met' if target['met'] else 'missed'})")
+    print("\nWhat the launch still pays before the first step, once per node (the workers fork from the process "
+          "that imported it); `-X importtime` itself adds to each figure:\n")
+    print(import_table(imports))
     elapsed = time.perf_counter() - started
     print(f"\nbenchmark took {elapsed:.0f} s; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after")
 
@@ -305,7 +341,7 @@ def main() -> None:
         "workload": {"train_size": args.train_size, "eval_size": args.eval_size, "epochs": 1, "nproc": args.nproc,
                      "per_device_batch_size": BATCH_SIZE, "max_tokens": MAX_TOKENS, "model": MODEL_CONFIG,
                      "package": PACKAGE},
-        "repeats": args.repeats, "medians": medians, "targets": targets, "runs": runs,
+        "repeats": args.repeats, "medians": medians, "targets": targets, "runs": runs, "import_seconds": imports,
     }, indent=1) + "\n")
     print(f"JSON written to {args.json}", file=sys.stderr)
 
