@@ -34,6 +34,8 @@ How each column is measured, the same way for every row:
   train forward on any rank to the last optimizer step on any rank;
 - padding efficiency: real tokens / tokens processed (padding included) in train mode;
 - peak RSS per rank: each rank's own peak resident memory (ru_maxrss) at its exit.
+After the table: what importing the train module costs in each render, per top-level package
+(`python -X importtime`), which the launch pays once per node before the first step.
 The JSON also has samples per CPU second of the busiest rank in the train phase (time.process_time()),
 which other work on the machine disturbs less than wall time.
 The times and counts come from bench/probe/: put on PYTHONPATH, its sitecustomize.py adds
