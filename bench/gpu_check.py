@@ -21,9 +21,12 @@ Run it through bench/gpu_check.sh, which finds or installs what it needs (see it
    --mixed_precision fp16 and from the bfloat16 one with --mixed_precision bf16. A run passes when
    it exits 0 with a finite train loss and saves float32 weights (the loops train fp32 weights and
    leave precision to autocast).
+4. With 2 or more GPUs: each loop 20 steps with one process per GPU (NPROC_PER_NODE=auto, nccl), then
+   each again with --fsdp true (see several_processes).
 
 --cpu runs the same logic at tiny sizes on the CPU (gloo, fp32; fp16 is CUDA-only, so the float16
-checkpoint trains with --mixed_precision no there), to check the script where there is no GPU.
+checkpoint trains with --mixed_precision no there), to check the script where there is no GPU; step 4
+then runs 2 processes on gloo, and --fsdp in the native loop only (the Trainer refuses it on CPU).
 Every failure prints a line starting with `error:`; the exit status is 1 if any run failed.
 """
 
@@ -170,9 +173,10 @@ def throughput(loop: str, project: Path, data: Path, workdir: Path, sizes: dict,
     }
 
 
-def several_gpus(loop: str, project: Path, data: Path, workdir: Path, sizes: dict, gpus: str,
-                 fsdp: bool = False) -> dict:
+def several_processes(loop: str, project: Path, data: Path, workdir: Path, sizes: dict, gpus: str,
+                      fsdp: bool = False) -> dict:
     """The launch as users start it on a node of several GPUs: NPROC_PER_NODE=auto, one process per GPU, nccl.
+    With --cpu (gpus empty): 2 processes on gloo, which checks this function's logic only.
 
     One process on one GPU cannot show what only several processes on one node do (the preflight
     parsing on a node of many GPUs, each rank pinning its own, NCCL between them). With fsdp, the same
@@ -186,16 +190,18 @@ def several_gpus(loop: str, project: Path, data: Path, workdir: Path, sizes: dic
              "--mixed_precision", "auto", "--eval_strategy", "no", "--save_strategy", "no"]
     if fsdp:
         flags += ["--fsdp", "true", "--save_strategy", "steps", "--save_steps", "10"]
-    result, wall = train(project, run_dir, flags, warmup=0, NPROC_PER_NODE="auto", CUDA_VISIBLE_DEVICES=gpus)
-    count = len(gpus.split(","))
-    passed = result.returncode == 0 and f"world size {count}, device cuda:0, backend nccl" in result.stdout
+    count = len(gpus.split(",")) if gpus else 2
+    result, wall = train(project, run_dir, flags, warmup=0, NPROC_PER_NODE="auto" if gpus else str(count),
+                         CUDA_VISIBLE_DEVICES=gpus)
+    where = "device cuda:0, backend nccl" if gpus else "device cpu, backend gloo"
+    passed = result.returncode == 0 and f"world size {count}, {where}" in result.stdout
     if fsdp and passed:
         output = run_dir / "output"
         passed = (f"sharded over {count} ranks" in result.stdout and (output / "model.safetensors").is_file()
                   and (output / "checkpoint-20" / FSDP_CHECKPOINT_FILE[loop]).is_file())
     detail = f"{count} processes, exit {result.returncode}" + ("" if passed else f": {last_error(result)}")
-    return {"loop": f"{loop} --fsdp" if fsdp else loop, "gpus": count, "wall_s": round(wall, 1), "passed": passed,
-            "detail": detail}
+    return {"loop": f"{loop} --fsdp" if fsdp else loop, "gpus": count if gpus else 0, "wall_s": round(wall, 1),
+            "passed": passed, "detail": detail}
 
 
 def half_precision(loop: str, project: Path, data: Path, workdir: Path, sizes: dict, dtype: str, precision: str):
@@ -267,7 +273,7 @@ def main() -> int:
              "torch, or pass --cpu to check this script's logic on the CPU")
         return 1
     # One process drives one GPU (the loops refuse a single process that sees several); --cpu hides them all.
-    # With several GPUs, several_gpus then starts one process on each.
+    # With several GPUs, several_processes then starts one process on each.
     every_gpu = ",".join(str(index) for index in range(torch.cuda.device_count())) if device == "cuda" else ""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES") or "0"
     os.environ["CUDA_VISIBLE_DEVICES"] = "" if device == "cpu" else visible.split(",")[0]
@@ -301,21 +307,17 @@ def main() -> int:
                 print(f"{loop} {dtype} {precision}: {'pass' if half['passed'] else 'FAIL'}", file=sys.stderr,
                       flush=True)
         severals = []
-        if "," in every_gpu:  # 2 or more GPUs
-            for loop in LOOPS:
-                several = several_gpus(loop, projects[loop], data, workdir, sizes, every_gpu)
+        if "," in every_gpu or device == "cpu":  # 2 or more GPUs; --cpu: 2 processes, for the logic
+            # The Trainer's --fsdp is refused on CPU (accelerate would train plain DDP): GPUs only.
+            for loop, fsdp in [(loop, False) for loop in LOOPS] + [(loop, True) for loop in FSDP_LOOPS
+                                                                  if device == "cuda" or loop == "native"]:
+                several = several_processes(loop, projects[loop], data, workdir, sizes, every_gpu, fsdp=fsdp)
                 severals.append(several)
+                where = f"{several['gpus']} GPUs" if several["gpus"] else "2 CPU processes"
                 if not several["passed"]:
-                    fail(f"{loop} on {several['gpus']} GPUs: {several['detail']}")
-                print(f"{loop} on {several['gpus']} GPUs: {'pass' if several['passed'] else 'FAIL'}", file=sys.stderr,
+                    fail(f"{several['loop']} on {where}: {several['detail']}")
+                print(f"{several['loop']} on {where}: {'pass' if several['passed'] else 'FAIL'}", file=sys.stderr,
                       flush=True)
-            for loop in FSDP_LOOPS:
-                several = several_gpus(loop, projects[loop], data, workdir, sizes, every_gpu, fsdp=True)
-                severals.append(several)
-                if not several["passed"]:
-                    fail(f"{several['loop']} on {several['gpus']} GPUs: {several['detail']}")
-                print(f"{several['loop']} on {several['gpus']} GPUs: {'pass' if several['passed'] else 'FAIL'}",
-                      file=sys.stderr, flush=True)
         else:
             print("one GPU here: the run with one process per GPU needs 2 or more", file=sys.stderr, flush=True)
     finally:
@@ -323,14 +325,15 @@ def main() -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     targets = report(device_name, peak, runs, halves, cpu=device == "cpu")
     for several in severals:
-        print(f"- {several['loop']} on {several['gpus']} GPUs, one process each: "
+        where = f"{several['gpus']} GPUs, one process each" if several["gpus"] else "2 CPU processes (--cpu)"
+        print(f"- {several['loop']} on {where}: "
               f"{'pass' if several['passed'] else 'FAIL'} ({several['detail']}, {several['wall_s']} s)")
     elapsed = time.perf_counter() - started
     print(f"\ngpu check took {elapsed:.0f} s")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"device": device_name, "peak_bf16_tflops": peak, "torch": torch.__version__,
                                      "sizes": sizes, "throughput": runs, "half_precision": halves,
-                                     "several_gpus": severals,
+                                     "several_processes": severals,
                                      "targets": targets, "elapsed_s": elapsed}, indent=1) + "\n")
     failed = (len(runs) < len(LOOPS) or not all(run["passed"] for run in [*halves, *severals])
               or (device == "cuda" and peak is None))

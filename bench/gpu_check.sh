@@ -43,6 +43,8 @@ Options:
   --cpu              tiny sizes on the CPU (gloo, fp32; the float16 checkpoint
                      trains with --mixed_precision no, fp16 being CUDA-only):
                      checks this script's logic on a machine without a GPU
+                     (step 4 on 2 CPU processes; --fsdp in the native loop
+                     only, as the Trainer refuses it on CPU)
   --rendered DIR     use projects rendered earlier with --render-only, so this
                      machine needs no cookiecutter
   --render-only DIR  render both loops into DIR and stop
