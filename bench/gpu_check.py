@@ -118,7 +118,8 @@ def train(project: Path, run_dir: Path, flags: list[str], warmup: int,
           **env_overrides: str) -> tuple[subprocess.CompletedProcess, float]:
     env = dict(os.environ, PYTHON=sys.executable, NPROC_PER_NODE="1", PYTHONPATH=str(BENCH / "probe"),
                BENCH_PROBE_DIR=str(run_dir / "probe"), BENCH_PROBE_WARMUP_STEPS=str(warmup),
-               HF_HOME=str(run_dir / "hf"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **env_overrides)
+               HF_HOME=str(run_dir / "hf"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env.update(env_overrides)  # NPROC_PER_NODE too
     # The project's config for a real run on local files (older renders: the default one).
     config = next(name for name in ("configs/local_files.yaml", "configs/default.yaml") if (project / name).is_file())
     command = [str(project / "scripts" / "train_single_node.sh"), config,
@@ -248,7 +249,7 @@ def report(device_name: str, peak: float | None, runs: list[dict], halves: list[
     for target in targets:
         print(f"- {target['target']}: {target['value']} ({'met' if target['met'] else 'missed'})")
     if cpu:
-        print("- figures from --cpu (tiny sizes, one process) check the script's logic; they measure nothing")
+        print("- figures from --cpu (tiny sizes) check the script's logic; they measure nothing")
     return targets
 
 
