@@ -285,9 +285,10 @@ def exit_now(code: int | str | None) -> None:
     over a second at the end of every run on 2 CPU cores, freeing what the process's exit frees anyway. The
     exit handlers (logging's, temporary folders') run as at a normal exit."""
     atexit._run_exitfuncs()
-    if isinstance(code, str):
-        print(code, file=sys.stderr)
-    flush_output()
+    with contextlib.suppress(OSError):  # a reader that went away (`| head`) takes no more output
+        if isinstance(code, str):
+            print(code, file=sys.stderr)
+        flush_output()
     os._exit(code if isinstance(code, int) else int(code is not None))
 
 
