@@ -279,7 +279,6 @@ def check_cut_to_one_node(job: Job) -> int:
     launches = re.findall(r"^\+ srun --nodes=(\d+) --ntasks=(\d+) .* --nnodes=(\d+) ", log, re.MULTILINE)
     assert launches == [("2", "2", "2"), ("1", "1", "1")], log[-3000:]
     assert "Unable to create step" not in log and "can't honor --ntasks-per-node" not in log, log[-3000:]
-    assert re.findall(r"world size (\d+), device", log) == ["2", "1"]
     return saved[0]
 
 
@@ -300,6 +299,7 @@ def test_a_requeued_job_cut_to_one_node_resumes_there_and_keeps_the_global_batch
     # 2 processes x batch 16 become 1 x 16 x 2 accumulation steps. Each step then adds the gradients of the
     # same two micro-batches, each halved, where the all-reduce averaged them: halving is exact in floats, and
     # two terms add alike in either order, so WEIGHTS_ATOL holds (measured here: a difference of 0).
+    assert re.findall(r"world size (\d+), device", log) == ["2", "1"]
     assert "resuming a run of 2 processes on 1: 2 accumulation steps keep its global batch of 32" in log
     assert [int(step) for step in re.findall(r"resumed from \S+checkpoint-(\d+) at step", log)] == [saved]
     assert "Traceback" not in log and "DataLoader worker" not in log, log[-3000:]
@@ -320,7 +320,8 @@ def test_a_requeued_job_cut_to_one_node_starts_there_and_the_trainer_refuses_the
     assert (f"error: checkpoint '{checkpoint}' was written by a run with a global batch of 32 (2 processes x "
             "--per_device_train_batch_size 16 x --gradient_accumulation_steps 1), but this run has a global batch of "
             "16 (1 process x --per_device_train_batch_size 16 x --gradient_accumulation_steps 1)") in log, log[-3000:]
-    print(f"cut to one node: saved step {saved} on world size 2; the Trainer refused world size 1")
+    assert re.findall(r"world size (\d+), device", log) == ["2"], "the preflight let a worker start"
+    print(f"cut to one node: saved step {saved} on world size 2; the Trainer's preflight refused world size 1")
 
 
 def test_a_stop_before_the_training_starts_is_an_error_and_not_requeued(

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PACKAGE, REPO_ROOT, finish, run_env, run_python, smoke_flags, start, torchrun
+from conftest import IS_NATIVE, PACKAGE, REPO_ROOT, finish, run_env, run_python, smoke_flags, start, torchrun
 
 pytestmark = pytest.mark.slow  # real launches: `make test-all`
 
@@ -81,21 +81,36 @@ def test_a_bad_setting_is_one_error_line_before_any_worker_starts(
     assert not output_dir.exists()
 
 
-def test_labels_that_differ_from_the_checkpoint_in_output_dir_are_refused_before_launch(
+def test_a_checkpoint_in_output_dir_of_other_labels_or_a_split_this_launch_cannot_resume_is_refused_before_launch(
     smoke_assets: Path, tmp_path: Path
 ) -> None:
     output_dir = tmp_path / "out"
     trained = run_python(["-m", f"{PACKAGE}.train", *smoke_flags(smoke_assets, output_dir), "--max_steps", "2"])
     assert trained.returncode == 0, trained.stderr[-3000:]
+    checkpoint = f"{output_dir}/checkpoint-2"  # 1 process x batch 16
     own_data = str(write_csv(tmp_path / "own.csv", ["bad", "good", "so-so"] * 4))
     flags = with_flag(with_flag(smoke_flags(smoke_assets, output_dir), "--train_file", own_data),
                       "--validation_file", own_data)
     result = preflight([*flags, "--ignore_mismatched_sizes", "true"])
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"error: checkpoint '{output_dir}/checkpoint-2' was trained for labels ['negative', 'positive'], but the data "
+        f"error: checkpoint '{checkpoint}' was trained for labels ['negative', 'positive'], but the data "
         "has labels ['bad', 'good', 'so-so']: use a new --output_dir for this data (or pass the checkpoint's data)"
     ]
+    # The same job on 2 processes, as after a requeue onto more nodes: batch 16 each cannot keep the global
+    # batch of 16. The native loop resumes it with batch 8 each; the Trainer only on the split that wrote it.
+    result = preflight(smoke_flags(smoke_assets, output_dir))
+    assert result.returncode == 2
+    refusal = ("error: the checkpoint's global batch of 16 (1 processes x 16 x 1 accumulation steps) cannot be made "
+               "from --per_device_train_batch_size 16 on 2 processes; pick a batch size that, times 2, divides 16"
+               if IS_NATIVE else
+               f"error: checkpoint '{checkpoint}' was written by a run with a global batch of 16 (1 process x "
+               "--per_device_train_batch_size 16 x --gradient_accumulation_steps 1), but this run has a global batch "
+               "of 32 (2 processes x --per_device_train_batch_size 16 x --gradient_accumulation_steps 1). The Trainer "
+               "resumes only the same split")
+    assert result.stderr.strip().splitlines()[-1].startswith(refusal), result.stderr[-2000:]
+    resumable = preflight([*smoke_flags(smoke_assets, output_dir), "--per_device_train_batch_size", "8"])
+    assert (resumable.returncode == 0) == IS_NATIVE, resumable.stderr[-2000:]
 
 
 def test_an_error_found_in_the_workers_is_printed_once(smoke_assets: Path, tmp_path: Path) -> None:

@@ -13,12 +13,13 @@ import logging
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from datasets import Dataset
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from .config import ConfigError, batch_split, check_batch_fits
+from .config import batch_split, check_batch_fits, read_batch_plan
 from .stopping import keep_through_sigterm
 from .training_args import TrainingArguments
 
@@ -178,26 +179,14 @@ class BatchPlan:
                     self.world_size, self.per_device_batch_size, self.accumulation_steps)
 
 
-def resumed_accumulation_steps(saved: dict[str, int] | None, args: TrainingArguments, world_size: int) -> int:
-    """Gradient accumulation that keeps a checkpoint's global batch on this run's processes.
-
-    A job stopped on 8 GPUs often comes back on 4: accumulating twice as many micro-batches keeps
-    every optimizer step the same. Where the numbers do not divide, the run is refused.
-    """
-    per_device = args.per_device_train_batch_size
-    if saved is None or saved["world_size"] == world_size:
-        return args.gradient_accumulation_steps
-    global_batch = saved["global_batch_size"]
-    if global_batch % (per_device * world_size):
-        raise ConfigError(
-            f"the checkpoint's global batch of {global_batch} ({saved['world_size']} processes x "
-            f"{saved['per_device_train_batch_size']} x {saved['gradient_accumulation_steps']} accumulation steps) "
-            f"cannot be made from --per_device_train_batch_size {per_device} on {world_size} processes; pick a "
-            f"batch size that, times {world_size}, divides {global_batch}"
-        )
-    accumulation = global_batch // (per_device * world_size)
-    logger.info("resuming a run of %d processes on %d: %d accumulation steps keep its global batch of %d",
-                saved["world_size"], world_size, accumulation, global_batch)
+def resumed_accumulation_steps(checkpoint: Path | None, args: TrainingArguments, world_size: int) -> int:
+    """The accumulation steps of this run (args.accumulation_to_resume), said in the log when a checkpoint
+    of another world size makes them differ from the flag's."""
+    accumulation = args.accumulation_to_resume(checkpoint, world_size)
+    saved = read_batch_plan(checkpoint)
+    if saved is not None and saved["world_size"] != world_size:
+        logger.info("resuming a run of %d processes on %d: %d accumulation steps keep its global batch of %d",
+                    saved["world_size"], world_size, accumulation, saved["global_batch_size"])
     return accumulation
 
 
@@ -214,10 +203,10 @@ def plan_batches(train_size: int, train_loader: DataLoader, args: TrainingArgume
 
 def build_train_batches(
     train_set: Dataset, args: TrainingArguments, collator, rank: int, world_size: int, on_gpu: bool,
-    resumed_plan: dict[str, int] | None,
+    checkpoint: Path | None,
 ) -> tuple[ResumableSampler, DataLoader, BatchPlan]:
-    """This rank's train sampler and loader, and the batch plan they make (resumed_plan: a checkpoint's)."""
-    accumulation = resumed_accumulation_steps(resumed_plan, args, world_size)
+    """This rank's train sampler and loader, and the batch plan they make (resuming `checkpoint`, if any)."""
+    accumulation = resumed_accumulation_steps(checkpoint, args, world_size)
     sampler = build_train_sampler(train_set, args, rank, world_size, accumulation)
     loader = build_loader(train_set, args, collator, args.per_device_train_batch_size, on_gpu, sampler)
     plan = plan_batches(len(train_set), loader, args, world_size, accumulation)

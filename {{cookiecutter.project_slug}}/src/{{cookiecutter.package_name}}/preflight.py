@@ -4,11 +4,11 @@ The launch scripts set PREFLIGHT_WORLD_SIZE, the number of processes the launch 
 launcher (torchrun.py) runs this in a fork of itself, with the train module's own arguments, before it
 forks the workers: the imports are paid once, for the check and the workers. A bad flag value, a missing
 file or column, a tokenizer with nothing to pad with, LoRA layers or gradient checkpointing the model does
-not have, labels that do not fit the model or the checkpoint the run would resume, or a global batch
-larger than the data then end there with one `error:` line and exit status 2, instead of in every worker
-followed by torchrun's traceback. The workers check the same things again as they go (their files may
-differ from this node's). PREFLIGHT=0 in the launch scripts skips this step; `python -m
-<package>.preflight CONFIG [--flag value ...]` runs it alone.
+not have, labels that do not fit the model or the checkpoint the run would resume, a checkpoint this
+many processes cannot resume, or a global batch larger than the data then end there with one `error:`
+line and exit status 2, instead of in every worker followed by torchrun's traceback. The workers check
+the same things again as they go (their files may differ from this node's). PREFLIGHT=0 in the launch
+scripts skips this step; `python -m <package>.preflight CONFIG [--flag value ...]` runs it alone.
 """
 
 from __future__ import annotations
@@ -62,8 +62,10 @@ def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingAr
         if checkpoint is not None:
             check_labels_fit(checkpoint, task, "checkpoint", same_names=True)
             check_same_lora(checkpoint, model_args.lora_r)
+        # A checkpoint's batch split on this many processes: the Trainer's same split, or the native loop's
+        # same global batch (a requeued job that came back on fewer nodes).
         check_batch_fits(len(raw["train"]), world_size, args.per_device_train_batch_size,
-                         args.gradient_accumulation_steps)
+                         args.accumulation_to_resume(checkpoint, world_size))
     device = "CPU" if settings.use_cpu else f"{torch.cuda.device_count()} GPU(s)"
     logger.info("preflight: %d train and %d eval examples, %s, labels %s, %d process(es) on %s, precision %s: "
                 "settings and data look right", len(raw["train"]), len(raw["validation"]), task.problem_type,

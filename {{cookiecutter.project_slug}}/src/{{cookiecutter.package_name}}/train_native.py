@@ -32,7 +32,7 @@ from transformers import PreTrainedTokenizerBase, get_scheduler
 
 from .batching import BatchPlan, ResumableSampler, build_loader, build_train_batches
 from .checkpoint import TRAINING_STATE, Checkpointer, checkpoint_problem
-from .config import ConfigError, DataArguments, ModelArguments, parse_args, read_batch_plan
+from .config import ConfigError, DataArguments, ModelArguments, parse_args
 from .data import ClassificationCollator, ClassificationData, build_collator, load_data
 from .device import autocast, resolve_device_settings
 from .distributed import (
@@ -166,7 +166,7 @@ def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args
     checkpoint = agree_on_resume_checkpoint(args.resume_from_checkpoint, args.output_dir, TRAINING_STATE,
                                             checkpoint_problem) if args.do_train else None
     sampler, train_loader, plan = build_train_batches(data.train, args, collator, env.rank, env.world_size,
-                                                      device.type == "cuda", read_batch_plan(checkpoint))
+                                                      device.type == "cuda", checkpoint)
 
     # Parameters the forward never uses are frozen, unless DDP is to search for them at every step.
     module = load_model(model_args, data.task, tokenizer, freeze_unused=not args.ddp_find_unused_parameters)

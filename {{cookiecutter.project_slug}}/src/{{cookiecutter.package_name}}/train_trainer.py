@@ -30,9 +30,7 @@ from .config import (
     ModelArguments,
     batch_split,
     check_batch_fits,
-    check_same_batch_plan,
     parse_args,
-    read_batch_plan,
 )
 from .data import Task, build_collator, load_data
 from .distributed import (
@@ -205,16 +203,6 @@ def batch_plan(args: TrainingArguments) -> dict[str, int]:
     return batch_split(args.world_size, args.per_device_train_batch_size, args.gradient_accumulation_steps)
 
 
-def check_same_split(checkpoint: Path, args: TrainingArguments) -> None:
-    """The Trainer finds its place in a resumed epoch by counting its own batches: under another split
-    it would skip the wrong examples, and its schedule would count other steps. Refuse that."""
-    current = batch_plan(args)
-    check_same_batch_plan(checkpoint, read_batch_plan(checkpoint) or current, current,
-                          same=("world_size", "per_device_train_batch_size", "gradient_accumulation_steps"),
-                          advice="The Trainer resumes only the same split (the native loop can resume on another "
-                                 "world size): run with the checkpoint's settings, or use a new --output_dir")
-
-
 class GradientSyncCheck(TrainerCallback):
     """Before the first optimizer step, prove every rank holds the same averaged gradients."""
 
@@ -376,7 +364,7 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
     if args.do_train:
         checkpoint = find_resume_checkpoint(args)
         if checkpoint is not None:
-            check_same_split(checkpoint, args)
+            args.accumulation_to_resume(checkpoint, args.world_size)  # the same split, or refused
             logger.info("resuming from checkpoint %s", checkpoint)
             totals = checkpoint / RUN_TOTALS
             record.earlier = json.loads(totals.read_text()) if totals.is_file() else None

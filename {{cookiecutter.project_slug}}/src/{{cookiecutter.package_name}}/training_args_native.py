@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from .config import ConfigError, check_training_settings
+from .config import ConfigError, check_training_settings, read_batch_plan
 from .distributed import default_dataloader_workers
 from .tracking import TRACKERS
 
@@ -105,6 +106,23 @@ class TrainingArguments:
         check_training_settings(self)
         if self.fsdp:
             check_fsdp_settings(self)
+
+    def accumulation_to_resume(self, checkpoint: Path | None, world_size: int) -> int:
+        """Gradient accumulation that keeps the global batch of `checkpoint` (None: a new run) on world_size
+        processes. A job stopped on 8 GPUs often comes back on 4: accumulating twice as many micro-batches
+        keeps every optimizer step the same. Where the numbers do not divide, the run is refused."""
+        saved = read_batch_plan(checkpoint)
+        if saved is None or saved["world_size"] == world_size:
+            return self.gradient_accumulation_steps
+        global_batch, per_device = saved["global_batch_size"], self.per_device_train_batch_size
+        if global_batch % (per_device * world_size):
+            raise ConfigError(
+                f"the checkpoint's global batch of {global_batch} ({saved['world_size']} processes x "
+                f"{saved['per_device_train_batch_size']} x {saved['gradient_accumulation_steps']} accumulation "
+                f"steps) cannot be made from --per_device_train_batch_size {per_device} on {world_size} processes; "
+                f"pick a batch size that, times {world_size}, divides {global_batch}"
+            )
+        return global_batch // (per_device * world_size)
 
 
 def check_fsdp_settings(args: TrainingArguments) -> None:
