@@ -11,7 +11,8 @@ GPUs without claiming one, the launcher forking the workers from a process that 
 CUDA, each rank pinning its own GPU before the process group starts, nccl chosen, the group bound to the
 rank's GPU with --ddp_timeout, mixed precision auto resolving to bf16 (capability 8.0 and up) or fp16
 (7.x), bf16 and fp16 refused where unsupported, predict alone on several GPUs, the doctor's GPU count and
-precision check, and the Trainer's --fsdp true as far as its settings for accelerate. Out of reach (only
+precision check, and the Trainer's --fsdp true as far as its settings for accelerate; in one process,
+device.py's choice of GPU and precision with torch.cuda's queries patched. Out of reach (only
 a real GPU shows them): NCCL itself, training and evaluating on the GPU, autocast and GradScaler, FSDP's
 sharding, and speed; the template's bench/gpu_check.sh runs those on a real GPU.
 """
@@ -19,13 +20,15 @@ sharding, and speed; the template's bench/gpu_check.sh runs those on a real GPU.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import IS_NATIVE, PACKAGE, REPO_ROOT, finish, run_env, smoke_flags, start
+import torch
+from conftest import IS_NATIVE, PACKAGE, REPO_ROOT, finish, names_from, package_module, run_env, smoke_flags, start
 
 pytestmark = pytest.mark.slow  # real launches: `make test-all`
 
@@ -191,3 +194,66 @@ def test_trainer_fsdp_on_gpus_starts_every_rank_and_gives_accelerate_fsdp2_over_
     assert json.loads(one.stdout.splitlines()[-1]) == {
         "use_cpu": False, "bf16": True, "version": 2, "reshard_after_forward": True,
         "state_dict_type": "StateDictType.FULL_STATE_DICT", "wrapped": ["bert.encoder.layer.0", "bert.encoder.layer.1"]}
+
+
+# ---- in one process: device.py's choices, with torch.cuda's queries patched ---------------------------------
+
+ConfigError = names_from("config", "ConfigError")
+device = package_module("device")
+resolve_device_settings = device.resolve_device_settings
+
+
+@pytest.mark.usefixtures("isolated_process")
+def test_bf16_support_is_read_from_this_ranks_gpu_without_emulation_or_pinning(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: asked.append(index) or (7, 0))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: pytest.fail("a query must not pin a GPU"))
+    resolve_device_settings("bf16", cuda_available=False)
+    assert asked == []
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert resolve_device_settings("auto", cuda_available=True).precision == "fp16"  # 7.0: bf16 only emulated
+    assert asked == [3]
+
+
+@pytest.fixture
+def gpus(monkeypatch: pytest.MonkeyPatch, isolated_process: None):
+    """Pretend `count` GPUs are visible; returns the devices pinned with torch.cuda.set_device."""
+    pinned = []
+
+    def fake(count: int) -> list:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "set_device", pinned.append)
+        return pinned
+    return fake
+
+
+def test_several_gpus_in_one_process_without_torchrun_are_refused(gpus) -> None:
+    pinned = gpus(2)
+    with pytest.raises(ConfigError, match=r"^2 GPUs are visible to one process: start one process per GPU with "
+                                          r"scripts/train_single_node.sh \(torchrun\), or set CUDA_VISIBLE_DEVICES=0$"):
+        device.select_device(use_cpu=False)
+    assert pinned == []
+
+
+def test_predict_alone_with_several_gpus_takes_the_first_and_says_so(gpus, caplog) -> None:
+    pinned = gpus(8)
+    with caplog.at_level(logging.INFO):
+        assert device.select_device(use_cpu=False, several_gpus="first") == torch.device("cuda", 0)
+    assert pinned == [0]
+    assert "8 GPUs are visible to this one process: it uses cuda:0 alone" in caplog.text
+
+
+def test_each_torchrun_rank_pins_its_local_gpu(gpus, monkeypatch: pytest.MonkeyPatch) -> None:
+    pinned = gpus(4)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert device.select_device(use_cpu=False) == torch.device("cuda", 3)
+    assert pinned == [3]
+
+
+def test_one_gpu_or_use_cpu_needs_no_torchrun(gpus) -> None:
+    pinned = gpus(1)
+    assert device.select_device(use_cpu=False) == torch.device("cuda", 0)
+    gpus(8)
+    assert device.select_device(use_cpu=True) == torch.device("cpu")
+    assert pinned == [0]

@@ -13,9 +13,11 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
-from conftest import IS_NATIVE, PACKAGE, REPO_ROOT, TRAIN_SIZE, run_env, smoke_flags
+from conftest import IS_NATIVE, PACKAGE, REPO_ROOT, TRAIN_SIZE, package_module, run_env, smoke_flags
 from safetensors.torch import load_file
+from torch.utils.data import DataLoader
 from warm_launch import torchrun
 
 pytestmark = pytest.mark.slow  # real launches: `make test-all`
@@ -108,3 +110,23 @@ def test_the_same_command_resumes_and_ends_with_the_uninterrupted_weights(
     assert expected.keys() == actual.keys()
     worst = max((expected[name] - actual[name]).abs().max().item() for name in expected)
     assert worst <= WEIGHTS_ATOL, f"largest weight difference {worst:.3g} ({'native' if IS_NATIVE else 'Trainer'})"
+
+
+def test_a_loader_worker_ignores_anyone_elses_sigterm_and_ends_on_its_parents() -> None:
+    stopping = package_module("stopping")
+    # A scheduler's SIGTERM to every process must not kill loader workers before the rank saves; their
+    # rank's SIGTERM (multiprocessing's at exit, after any error) must end them, or the rank waits forever.
+    before = {child.pid for child in psutil.Process().children()}
+    batches = iter(DataLoader(range(8), batch_size=1, num_workers=1, worker_init_fn=stopping.keep_through_sigterm()))
+    assert next(batches).tolist() == [0]  # the worker has run its worker_init_fn
+    (worker,) = [child for child in psutil.Process().children() if child.pid not in before]
+    subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)  # from another process, as SLURM sends it
+    time.sleep(0.5)
+    assert worker.status() != psutil.STATUS_ZOMBIE
+    assert next(batches).tolist() == [1]
+    os.kill(worker.pid, signal.SIGTERM)  # from its parent
+    deadline = time.monotonic() + 5
+    while worker.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert worker.status() == psutil.STATUS_ZOMBIE, "the worker ignored its parent's SIGTERM"
+    del batches

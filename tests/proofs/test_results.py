@@ -1,5 +1,6 @@
 """Results are never lost: a finished run's command run again changes nothing, an evaluation alone
-keeps the train figures, and a resumed run reports the whole run. One process, the smoke model."""
+keeps the train figures, a resumed run reports the whole run, and predict refuses an output it cannot write
+before it reads anything. One process, the smoke model."""
 
 from __future__ import annotations
 
@@ -77,3 +78,13 @@ def test_a_resumed_run_reports_the_whole_run(smoke_assets: Path, tmp_path: Path)
     weighted = sum(loss * (step - start) for (step, loss), start in zip(losses, starts, strict=True))
     assert whole["train_loss"] == pytest.approx(weighted / (2 * STEPS_PER_EPOCH), abs=1e-5)
     assert whole["train_loss"] != pytest.approx(first["train_loss"], abs=1e-3)
+
+
+def test_predict_cli_refuses_an_unknown_output_suffix_with_one_error_line(tmp_path: Path) -> None:
+    output_file = str(tmp_path / "predictions.txt")
+    result = run_python(["-m", f"{PACKAGE}.predict", "--model_name_or_path", str(tmp_path / "model"),
+                         "--input_file", str(tmp_path / "rows.csv"), "--output_file", output_file], timeout=120)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert errors == [f"error: --output_file '{output_file}': use .csv, .json, .jsonl or .parquet"], result.stderr
+    assert "Traceback" not in result.stderr

@@ -76,16 +76,10 @@ def tiny_bigbird(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def isolated_process(monkeypatch: pytest.MonkeyPatch):
-    """Offline, single-process, and (with the Trainer) no accelerate state left behind for the next test.
-
-    huggingface_hub reads HF_HUB_OFFLINE once, at import, so the constant itself is patched: a
-    missing model path then fails at once instead of retrying the Hub for ~20 s.
-
-    Parsing leaves no state (training_args.py); the Trainer's device setup (train.prepare_run, or a
-    Trainer built without it) fills accelerate's process-wide PartialState. The tests cannot leak into
-    each other through it (transformers resets that state before every device setup), but it would
-    outlive the module, so it is reset after each test. The native loop never uses accelerate.
-    """
+    """Offline, single-process, and no accelerate state left behind (the Trainer's device setup fills its
+    process-wide PartialState; the native loop never uses accelerate). huggingface_hub reads HF_HUB_OFFLINE
+    once, at import, so the constant itself is patched: a missing model then fails at once, not after ~20 s
+    of retries."""
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "ACCELERATE_MIXED_PRECISION", "ACCELERATE_USE_CPU"):
         monkeypatch.delenv(name, raising=False)

@@ -1,25 +1,18 @@
-"""device.py, distributed.py and stopping.py in process: device, backend and precision, GPU pinning, rank order
-and loader workers.
+"""device.py and distributed.py in process: backend and precision, rank order, the gradient check and loader
+workers.
 
-No torchrun and no GPU: CUDA queries, process groups and the CPU count are patched per test.
+No torchrun and no GPU: process groups and the CPU count are patched per test. The choice of GPU, with
+torch.cuda's queries patched, is the template's proof (its tests/proofs/test_gpu_node.py).
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import signal
-import subprocess
-import time
-
-import psutil
 import pytest
 import torch
 from conftest import names_from, package_module
-from torch.utils.data import DataLoader
 
 ConfigError = names_from("config", "ConfigError")
-device, distributed, stopping = (package_module(name) for name in ("device", "distributed", "stopping"))
+device, distributed = package_module("device"), package_module("distributed")
 resolve_device_settings = device.resolve_device_settings
 
 pytestmark = pytest.mark.usefixtures("isolated_process")  # offline, one process, no state left behind
@@ -67,61 +60,6 @@ def test_bf16_on_a_gpu_that_only_emulates_it_is_refused_naming_the_alternatives(
     with pytest.raises(ConfigError, match=r"^--mixed_precision bf16: this GPU has no native bf16 .* use "
                                          r"--mixed_precision fp16 or auto$"):
         resolve_device_settings("auto", bf16=True, cuda_available=True, bf16_supported=False)
-
-
-def test_bf16_support_is_read_from_this_ranks_gpu_without_emulation_or_pinning(monkeypatch: pytest.MonkeyPatch) -> None:
-    asked = []
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: asked.append(index) or (7, 0))
-    monkeypatch.setattr(torch.cuda, "set_device", lambda index: pytest.fail("a query must not pin a GPU"))
-    resolve_device_settings("bf16", cuda_available=False)
-    assert asked == []
-    monkeypatch.setenv("LOCAL_RANK", "3")
-    assert resolve_device_settings("auto", cuda_available=True).precision == "fp16"  # 7.0: bf16 only emulated
-    assert asked == [3]
-
-
-@pytest.fixture
-def gpus(monkeypatch: pytest.MonkeyPatch):
-    """Pretend `count` GPUs are visible; returns the devices pinned with torch.cuda.set_device."""
-    pinned = []
-
-    def fake(count: int) -> list:
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
-        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
-        monkeypatch.setattr(torch.cuda, "set_device", pinned.append)
-        return pinned
-    return fake
-
-
-def test_several_gpus_in_one_process_without_torchrun_are_refused(gpus) -> None:
-    pinned = gpus(2)
-    with pytest.raises(ConfigError, match=r"^2 GPUs are visible to one process: start one process per GPU with "
-                                          r"scripts/train_single_node.sh \(torchrun\), or set CUDA_VISIBLE_DEVICES=0$"):
-        device.select_device(use_cpu=False)
-    assert pinned == []
-
-
-def test_predict_alone_with_several_gpus_takes_the_first_and_says_so(gpus, caplog) -> None:
-    pinned = gpus(8)
-    with caplog.at_level(logging.INFO):
-        assert device.select_device(use_cpu=False, several_gpus="first") == torch.device("cuda", 0)
-    assert pinned == [0]
-    assert "8 GPUs are visible to this one process: it uses cuda:0 alone" in caplog.text
-
-
-def test_each_torchrun_rank_pins_its_local_gpu(gpus, monkeypatch: pytest.MonkeyPatch) -> None:
-    pinned = gpus(4)
-    monkeypatch.setenv("LOCAL_RANK", "3")
-    assert device.select_device(use_cpu=False) == torch.device("cuda", 3)
-    assert pinned == [3]
-
-
-def test_one_gpu_or_use_cpu_needs_no_torchrun(gpus) -> None:
-    pinned = gpus(1)
-    assert device.select_device(use_cpu=False) == torch.device("cuda", 0)
-    gpus(8)
-    assert device.select_device(use_cpu=True) == torch.device("cpu")
-    assert pinned == [0]
 
 
 def test_rank_zero_prepares_data_before_every_other_rank_even_on_other_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -244,22 +182,3 @@ def test_loader_workers_follow_the_machine_unless_set(monkeypatch: pytest.Monkey
     data = ["--model_name_or_path", "m", "--train_file", "t.csv", "--output_dir", "out", "--use_cpu", "true"]
     assert parse_args(training_args, data)[2].dataloader_num_workers == 2
     assert parse_args(training_args, [*data, "--dataloader_num_workers", "0"])[2].dataloader_num_workers == 0
-
-
-def test_a_loader_worker_ignores_anyone_elses_sigterm_and_ends_on_its_parents() -> None:
-    # A scheduler's SIGTERM to every process must not kill loader workers before the rank saves; their
-    # rank's SIGTERM (multiprocessing's at exit, after any error) must end them, or the rank waits forever.
-    before = {child.pid for child in psutil.Process().children()}
-    batches = iter(DataLoader(range(8), batch_size=1, num_workers=1, worker_init_fn=stopping.keep_through_sigterm()))
-    assert next(batches).tolist() == [0]  # the worker has run its worker_init_fn
-    (worker,) = [child for child in psutil.Process().children() if child.pid not in before]
-    subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)  # from another process, as SLURM sends it
-    time.sleep(0.5)
-    assert worker.status() != psutil.STATUS_ZOMBIE
-    assert next(batches).tolist() == [1]
-    os.kill(worker.pid, signal.SIGTERM)  # from its parent
-    deadline = time.monotonic() + 5
-    while worker.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert worker.status() == psutil.STATUS_ZOMBIE, "the worker ignored its parent's SIGTERM"
-    del batches

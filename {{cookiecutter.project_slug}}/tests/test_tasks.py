@@ -24,7 +24,6 @@ from conftest import (
     names_from,
     package_module,
     parse_args,
-    run_python,
 )
 from datasets import ClassLabel, Dataset, DatasetDict, Features, List, Value
 from scipy.stats import pearsonr, spearmanr
@@ -514,14 +513,3 @@ def test_predict_file_refuses_an_input_without_the_models_pair_column(smoke_asse
                                           "columns are: text, label$"):
         predict_file(tiny_model(smoke_assets, task), smoke.build_tokenizer(), task, input_file,
                      str(tmp_path / "out.csv"), batch_size=4, device=torch.device("cpu"))
-
-
-@pytest.mark.slow  # a real launch
-def test_predict_cli_refuses_an_unknown_output_suffix_with_one_error_line(tmp_path: Path) -> None:
-    output_file = str(tmp_path / "predictions.txt")
-    result = run_python(["-m", f"{PACKAGE}.predict", "--model_name_or_path", str(tmp_path / "model"),
-                         "--input_file", str(tmp_path / "rows.csv"), "--output_file", output_file], timeout=120)
-    assert result.returncode == 2, result.stderr
-    errors = [line for line in result.stderr.splitlines() if "error:" in line]
-    assert errors == [f"error: --output_file '{output_file}': use .csv, .json, .jsonl or .parquet"], result.stderr
-    assert "Traceback" not in result.stderr
