@@ -11,7 +11,6 @@ import torch
 from conftest import package_module, smoke_flags
 
 batching = package_module("batching")
-checkpoint = package_module("checkpoint")
 config = package_module("config")
 modeling = package_module("modeling")
 sharding = package_module("sharding")
@@ -67,7 +66,6 @@ def test_a_checkpoint_of_one_process_is_saved_and_read_without_warnings(build_jo
     train.train(job)
     saved = Path(job.args.output_dir) / "checkpoint-2"
     job.checkpointer.load(saved)
-    assert checkpoint.checkpoint_problem(saved) is None
     assert [str(warning.message) for warning in recwarn] == []
 
 
@@ -84,13 +82,3 @@ def test_fsdp_refuses_a_model_without_repeated_blocks() -> None:
     with pytest.raises(config.ConfigError, match=r"^--fsdp: found no list of repeated transformer blocks in "
                                                  r"Sequential to shard one by one; train it without --fsdp$"):
         modeling.transformer_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)))
-
-
-def test_a_checkpoint_without_sharded_state_is_refused_as_an_older_versions(tmp_path: Path) -> None:
-    """Before torch.distributed.checkpoint, weights were in model.safetensors, the optimizer in training_state.pt."""
-    for name in (checkpoint.TRAINING_STATE, config.BATCH_PLAN, "model.safetensors"):
-        (tmp_path / name).write_text("{}")
-    assert checkpoint.checkpoint_problem(tmp_path) == (
-        "holds no model_and_optimizer/: an older version of this loop wrote it; resume it with that version")
-    (tmp_path / checkpoint.SHARDED_STATE).mkdir()
-    assert checkpoint.checkpoint_problem(tmp_path) is None

@@ -87,9 +87,9 @@ class Checkpointer:
             shutil.rmtree(temporary, ignore_errors=True)
         if is_distributed():
             dist.barrier()  # nobody writes a shard into a folder rank 0 is still removing
-        # Returns once every rank's shards are written (no_dist: one process, with or without a group).
+        # Returns once every rank's shards are written (without a process group: this one's).
         with one_process_meant():
-            dcp.save(self.sharded_state(), checkpoint_id=temporary / SHARDED_STATE, no_dist=not is_distributed())
+            dcp.save(self.sharded_state(), checkpoint_id=temporary / SHARDED_STATE)
         if rng_states is not None:
             if is_lora(self.model):  # adapter_config.json, its LoRA rank; no config.json, as its weights are no model
                 self.model.peft_config["default"].save_pretrained(temporary)
@@ -129,7 +129,7 @@ class Checkpointer:
                                   "continue it, run again with its settings; to train with these, use a new "
                                   "--output_dir (without --resume_from_checkpoint)."))
         with one_process_meant():
-            dcp.load(sharded, checkpoint_id=checkpoint / SHARDED_STATE, no_dist=not is_distributed())  # rank's shards
+            dcp.load(sharded, checkpoint_id=checkpoint / SHARDED_STATE)  # this rank's shards
         set_state_dict(self.model, self.optimizer, model_state_dict=sharded["model"],
                        optim_state_dict=sharded["optimizer"], options=LOAD_OPTIONS)
         for name, part in self.parts.items():
@@ -161,19 +161,10 @@ class Checkpointer:
 
 @contextlib.contextmanager
 def one_process_meant():
-    """DCP warns at every save and load by one process (no_dist), which a run of one process means to do."""
+    """DCP warns at every save and load without a process group, which a run of one process means to do."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "torch.distributed is disabled, unavailable or uninitialized")
+        warnings.filterwarnings("ignore", r"torch\.distributed is (disabled, )?unavailable or uninitialized")
         yield
-
-
-def checkpoint_problem(path: Path) -> str | None:
-    """What keeps `path` from being resumed by this loop (resume.checkpoint_problem), or None. A checkpoint
-    of an older version of this loop, with its weights in model.safetensors, is one."""
-    problem = resume.checkpoint_problem(path, TRAINING_STATE, needs_batch_plan=True)
-    if problem is None and not (path / SHARDED_STATE).is_dir():
-        return f"holds no {SHARDED_STATE}/: an older version of this loop wrote it; resume it with that version"
-    return problem
 
 
 def rotate_checkpoints(output_dir: str | Path, limit: int | None) -> None:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 import torch.distributed as dist
 
-from .config import BATCH_PLAN, ConfigError
+from .config import ConfigError
 from .distributed import is_distributed
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
@@ -29,42 +27,30 @@ def complete_checkpoints(output_dir: str | Path, last_file: str) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
-def checkpoint_problem(path: Path, last_file: str, needs_batch_plan: bool = False) -> str | None:
-    """What keeps the folder `path` from being resumed, or None.
-
-    needs_batch_plan: the native loop resumes a place in an epoch only under the batch plan it was counted
-    in, which its checkpoints hold in batch_plan.json (the Trainer's go on without one).
-    """
+def checkpoint_problem(path: Path, last_file: str) -> str | None:
+    """What keeps the folder `path` from being resumed, or None."""
     if not path.exists():
         return "does not exist"
     if not (path / last_file).is_file():
         return (f"holds no {last_file}: pass a checkpoint-N folder written by this loop, or leave the flag out "
                 "to resume from the newest one in --output_dir")
-    if needs_batch_plan and not (path / BATCH_PLAN).is_file():
-        return f"holds no {BATCH_PLAN}: an older version of this loop wrote it; resume it with that version"
     return None
 
 
-def agree_on_resume_checkpoint(
-    explicit: str | None, output_dir: str, last_file: str,
-    problem_with: Callable[[Path], str | None] | None = None, needs_batch_plan: bool = False,
-) -> Path | None:
+def agree_on_resume_checkpoint(explicit: str | None, output_dir: str, last_file: str) -> Path | None:
     """--resume_from_checkpoint if given, else the newest complete checkpoint in output_dir, else None.
 
     Rank 0 decides and every rank takes its answer: ranks that resumed from different steps would
     wait on each other forever. Then every rank checks that it can read that checkpoint, and all fail
     together: a rank failing alone would leave the others waiting until --ddp_timeout.
-    `problem_with(path)` says what is wrong with a checkpoint folder, or returns None; by default
-    checkpoint_problem. In one process (the preflight) it is the same choice and the same check.
+    In one process (the preflight) it is the same choice and the same check.
     """
-    problem_with = problem_with or functools.partial(checkpoint_problem, last_file=last_file,
-                                                     needs_batch_plan=needs_batch_plan)
     newest = complete_checkpoints(output_dir, last_file)[-1:] if explicit is None else []
     chosen = [Path(explicit) if explicit is not None else (newest[0] if newest else None)]
     if is_distributed():
         dist.broadcast_object_list(chosen, src=0)
     checkpoint = chosen[0]
-    problems = [None if checkpoint is None else problem_with(checkpoint)]
+    problems = [None if checkpoint is None else checkpoint_problem(checkpoint, last_file)]
     if is_distributed():
         problem, problems = problems[0], [None] * dist.get_world_size()
         dist.all_gather_object(problems, problem)

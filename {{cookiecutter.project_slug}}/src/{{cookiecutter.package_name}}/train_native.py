@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
 from .batching import BatchPlan, ResumableSampler, build_loader, build_train_batches
-from .checkpoint import TRAINING_STATE, Checkpointer, checkpoint_problem
+from .checkpoint import TRAINING_STATE, Checkpointer
 from .config import ConfigError, DataArguments, ModelArguments, parse_args
 from .data import ClassificationCollator, ClassificationData, build_collator, load_data
 from .device import autocast, resolve_device_settings
@@ -163,8 +163,8 @@ def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args
     tokenizer = load_tokenizer(model_args)
     data = load_data(data_args, tokenizer, model_args.cache_dir, args.seed)
     collator = build_collator(tokenizer, mixed_precision=precision != "no")
-    checkpoint = agree_on_resume_checkpoint(args.resume_from_checkpoint, args.output_dir, TRAINING_STATE,
-                                            checkpoint_problem) if args.do_train else None
+    checkpoint = (agree_on_resume_checkpoint(args.resume_from_checkpoint, args.output_dir, TRAINING_STATE)
+                  if args.do_train else None)
     sampler, train_loader, plan = build_train_batches(data.train, args, collator, env.rank, env.world_size,
                                                       device.type == "cuda", checkpoint)
 
@@ -233,7 +233,7 @@ def build_optimizer(model: torch.nn.Module, args: TrainingArguments) -> torch.op
         {"params": [p for p in parameters if p.dim() >= 2], "weight_decay": args.weight_decay},
         {"params": [p for p in parameters if p.dim() < 2], "weight_decay": 0.0},
     ]
-    # Fused: one kernel updates every parameter, on CUDA and (torch >= 2.4) on CPU, where it also
+    # Fused: one kernel updates every parameter, on CUDA and on CPU, where it also
     # beats the per-parameter loop (compare a run with --optim adamw_torch).
     return torch.optim.AdamW(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
                              eps=args.adam_epsilon, fused=args.optim == "adamw_torch_fused")
