@@ -124,7 +124,7 @@ AGREE_SCRIPT = textwrap.dedent(
     import torch.distributed as dist
     from {package}.config import ConfigError
     from {package}.distributed import agree_on_precision
-    from {package}.resume import agree_on_resume_checkpoint
+    from {package} import resume
 
     what, out_dir = sys.argv[1], Path(sys.argv[2])
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
@@ -133,7 +133,9 @@ AGREE_SCRIPT = textwrap.dedent(
         if what == "precision":  # rank 1 stands for a GPU without native bf16, next to one with it
             agree_on_precision("bf16" if rank == 0 else "fp16")
         else:  # rank 1 stands for a node that cannot see the checkpoint (output_dir not shared)
-            agree_on_resume_checkpoint(what, str(out_dir), "any", lambda path: None if rank == 0 else "does not exist")
+            if rank == 1:
+                resume.checkpoint_problem = lambda path, last_file: "does not exist"
+            resume.agree_on_resume_checkpoint(what, str(out_dir), "complete")
         outcome = "went on"
     except ConfigError as err:
         outcome = "error: " + str(err)
@@ -157,6 +159,8 @@ def test_a_checkpoint_one_rank_cannot_read_fails_every_rank_at_once(tmp_path: Pa
     """Not only the rank that cannot read it: the others would wait in their next collective until timeout."""
     expected = (f"error: checkpoint '{tmp_path / 'checkpoint-4'}' is on rank 0 but rank(s) 1 cannot read it "
                 "(does not exist): with several nodes, --output_dir must be on a filesystem every node shares")
+    (tmp_path / "checkpoint-4").mkdir()
+    (tmp_path / "checkpoint-4" / "complete").write_text("{}")  # what the loop writes last
     assert agree(tmp_path, str(tmp_path / "checkpoint-4")) == [expected, expected]
 
 
