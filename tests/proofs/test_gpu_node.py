@@ -123,8 +123,8 @@ def test_predict_alone_on_8_gpus_takes_the_first_and_says_so(smoke_assets: Path,
                "--input_file", str(smoke_assets / "validation.jsonl"), "--output_file", str(tmp_path / "out.jsonl")]
     result = finish(start(command, gpu_node_env(tmp_path, 8)), timeout=120)
     assert "8 GPUs are visible to this one process: it uses cuda:0 alone" in result.stdout
-    # The simulation ends here: moving the model onto cuda:0 needs a real GPU.
-    assert result.returncode != 0 and "CUDA" in result.stderr
+    # The simulation ends here: moving the model onto cuda:0 needs a real GPU (and its driver, says torch 2.8).
+    assert result.returncode != 0 and ("CUDA" in result.stderr or "NVIDIA driver" in result.stderr)
 
 
 def doctor(tmp_path: Path, smoke_assets: Path, gpus: int, capability: str, *flags: str) -> dict:

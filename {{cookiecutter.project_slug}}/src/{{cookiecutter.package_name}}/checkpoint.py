@@ -88,7 +88,7 @@ class Checkpointer:
         if is_distributed():
             dist.barrier()  # nobody writes a shard into a folder rank 0 is still removing
         # Returns once every rank's shards are written (without a process group: this one's).
-        with one_process_meant():
+        with without_dcp_notices():
             dcp.save(self.sharded_state(), checkpoint_id=temporary / SHARDED_STATE)
         if rng_states is not None:
             if is_lora(self.model):  # adapter_config.json, its LoRA rank; no config.json, as its weights are no model
@@ -128,7 +128,7 @@ class Checkpointer:
                                   "Its place in the epoch only means something under its own batch plan: to "
                                   "continue it, run again with its settings; to train with these, use a new "
                                   "--output_dir (without --resume_from_checkpoint)."))
-        with one_process_meant():
+        with without_dcp_notices():
             dcp.load(sharded, checkpoint_id=checkpoint / SHARDED_STATE)  # this rank's shards
         set_state_dict(self.model, self.optimizer, model_state_dict=sharded["model"],
                        optim_state_dict=sharded["optimizer"], options=LOAD_OPTIONS)
@@ -160,10 +160,12 @@ class Checkpointer:
 
 
 @contextlib.contextmanager
-def one_process_meant():
-    """DCP warns at every save and load without a process group, which a run of one process means to do."""
+def without_dcp_notices():
+    """Without DCP's warnings that ask nothing of the user: at every save and load without a process group,
+    which a run of one process means to do; and (torch 2.8) about its own use of TypedStorage."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", r"torch\.distributed is (disabled, )?unavailable or uninitialized")
+        warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)
         yield
 
 
