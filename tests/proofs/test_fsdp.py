@@ -27,7 +27,9 @@ from test_restarts import RESUMED_FROM, crash_env, run_single_node
 from transformers import AutoConfig, AutoModelForSequenceClassification, pipeline
 from warm_launch import run_python, torchrun
 
-pytestmark = pytest.mark.slow  # real launches
+FSDP_SINCE = package_module("training_args").FSDP_SINCE
+pytestmark = [pytest.mark.slow,  # real launches
+              pytest.mark.skipif(torch.__version__ < FSDP_SINCE, reason=f"--fsdp needs torch {FSDP_SINCE}")]
 
 checkpoint = package_module("checkpoint")
 modeling = package_module("modeling")

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 import transformers
 from conftest import PACKAGE, REQUIRED, package_module, run_env, run_python
 
@@ -167,6 +168,12 @@ def test_fsdp_refuses_the_ddp_settings_it_would_ignore(flag: str, value: str, de
     message = f"{flag} {parsed_value} is a DDP setting, which --fsdp does not use; leave it at {default}"
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse("--fsdp", "true", flag, value)
+
+
+def test_fsdp_is_refused_with_a_torch_whose_fsdp2_trains_to_other_weights(monkeypatch) -> None:
+    monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion("2.9.1+cu128"))
+    with pytest.raises(ConfigError, match=r"^--fsdp needs torch 2\.10 or newer \(this is 2\.9\.1\+cu128, "):
+        parse("--fsdp", "true")
 
 
 def test_fractional_intervals_below_one_are_accepted() -> None:

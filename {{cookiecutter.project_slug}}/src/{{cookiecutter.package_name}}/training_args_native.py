@@ -18,6 +18,8 @@ import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from .config import ConfigError, check_training_settings, read_batch_plan
 from .distributed import default_dataloader_workers
 from .tracking import TRACKERS
@@ -25,6 +27,9 @@ from .tracking import TRACKERS
 # checkpoint.py writes it last into checkpoint-N, after the weights: a folder holding it is complete.
 CHECKPOINT_LAST_FILE = "training_state.pt"
 STRATEGIES = ["no", "steps", "epoch"]
+# The first torch on which FSDP2 here trains to DDP's weights and resumes on another world size to the same
+# weights (2.8: other gradients on CPU; 2.9: other weights after such a resume).
+FSDP_SINCE = "2.10"
 # transformers' schedules, less those whose step() wants an eval metric (reduce_lr_on_plateau, greedy).
 SCHEDULES = ["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
              "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay"]
@@ -126,9 +131,13 @@ class TrainingArguments:
 
 
 def check_fsdp_settings(args: TrainingArguments) -> None:
-    """DDP's own settings mean nothing under FSDP: refused rather than silently ignored."""
+    """DDP's own settings mean nothing under FSDP: refused rather than silently ignored; so is an older torch,
+    whose FSDP2 trains to other weights."""
     ddp_only = {"ddp_find_unused_parameters": False, "ddp_bucket_cap_mb": None, "ddp_broadcast_buffers": False}
     for name, default in ddp_only.items():
         if getattr(args, name) != default:
             raise ConfigError(f"--{name} {getattr(args, name)} is a DDP setting, which --fsdp does not use; leave it "
                               f"at {default} or train without --fsdp")
+    if torch.__version__ < FSDP_SINCE:
+        raise ConfigError(f"--fsdp needs torch {FSDP_SINCE} or newer (this is {torch.__version__}, on which FSDP2 "
+                          "trains to other weights); upgrade torch or train without --fsdp")
