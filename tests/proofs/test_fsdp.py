@@ -19,7 +19,16 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from conftest import EVAL_SIZE, PACKAGE, SMOKE, TRAIN_SIZE, package_module, read_jsonl, smoke_flags
+from conftest import (
+    EVAL_SIZE,
+    PACKAGE,
+    SMOKE,
+    TRAIN_SIZE,
+    needs_fsdp_torch,
+    package_module,
+    read_jsonl,
+    smoke_flags,
+)
 from safetensors.torch import load_file
 from test_native_resume import no_dropout_assets  # noqa: F401 - a fixture of this module too
 from test_preemption import STOPPED_EXIT_CODE, launch, wait
@@ -27,9 +36,7 @@ from test_restarts import RESUMED_FROM, crash_env, run_single_node
 from transformers import AutoConfig, AutoModelForSequenceClassification, pipeline
 from warm_launch import run_python, torchrun
 
-FSDP_SINCE = package_module("training_args").FSDP_SINCE
-pytestmark = [pytest.mark.slow,  # real launches
-              pytest.mark.skipif(torch.__version__ < FSDP_SINCE, reason=f"--fsdp needs torch {FSDP_SINCE}")]
+pytestmark = [pytest.mark.slow, needs_fsdp_torch]  # real launches
 
 checkpoint = package_module("checkpoint")
 modeling = package_module("modeling")

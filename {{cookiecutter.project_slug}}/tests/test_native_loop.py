@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import package_module, smoke_flags
+from conftest import needs_fsdp_torch, package_module, smoke_flags
 
 batching = package_module("batching")
 config = package_module("config")
@@ -69,6 +69,7 @@ def test_a_checkpoint_of_one_process_is_saved_and_read_without_warnings(build_jo
     assert [str(warning.message) for warning in recwarn] == []
 
 
+@needs_fsdp_torch
 def test_fsdp_on_one_process_trains_the_whole_model_after_finding_its_blocks(build_job, caplog) -> None:
     """The config of a multi-GPU FSDP run, debugged on one process: accepted, and nothing is sharded."""
     with caplog.at_level("INFO"):

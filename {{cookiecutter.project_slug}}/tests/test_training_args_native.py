@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import PACKAGE, REQUIRED, package_module, run_env, run_python
+from conftest import PACKAGE, REQUIRED, needs_fsdp_torch, package_module, run_env, run_python
 
 config = package_module("config")
 ConfigError = config.ConfigError
@@ -158,6 +158,7 @@ def test_bad_step_and_batch_counts_are_refused(flag: str, value: str, message: s
         parse(flag, value)
 
 
+@needs_fsdp_torch
 @pytest.mark.parametrize(("flag", "value", "default"), [
     ("--ddp_find_unused_parameters", "true", "False"), ("--ddp_bucket_cap_mb", "50", "None"),
     ("--ddp_broadcast_buffers", "true", "False"),
