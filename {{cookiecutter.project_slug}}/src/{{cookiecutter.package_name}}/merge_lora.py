@@ -13,12 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from transformers import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING, AutoConfig, AutoTokenizer, HfArgumentParser
 
 from .config import ConfigError, check_local_path
 from .distributed import print_error
-from .modeling import ADAPTER_CONFIG, quiet_peft, read_weights
+from .modeling import ADAPTER_CONFIG, LOAD_OPTIONS, quiet_peft, read_weights
 
 
 @dataclass
@@ -38,7 +37,7 @@ def merge_lora(source: str, destination: str) -> Path:
     # From its folder's path transformers would load the base with the adapter already attached (its own
     # peft integration), which peft cannot merge: load the weights alone, then attach the adapter with peft.
     model_class = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING[type(config)]
-    base = model_class.from_pretrained(None, config=config, state_dict=read_weights(Path(source)), dtype=torch.float32)
+    base = model_class.from_pretrained(None, config=config, state_dict=read_weights(Path(source)), **LOAD_OPTIONS)
     with quiet_peft():
         merged = PeftModel.from_pretrained(base, source).merge_and_unload()
     merged.save_pretrained(destination)

@@ -26,6 +26,15 @@ if TYPE_CHECKING:
 # without importing them.
 
 ADAPTER_CONFIG = "adapter_config.json"  # peft's: a folder holding it holds a LoRA adapter
+# How every model here loads (training, predict.py, merge_lora.py):
+# - float32: transformers 5 loads in the checkpoint's dtype by default. Many Hub checkpoints are stored in
+#   fp16 or bf16; trained as such, AdamW loses small updates and GradScaler refuses fp16 gradients. The
+#   weights train in fp32; mixed precision is autocast's job.
+# - without Hub kernels: from 5.25, transformers swaps layers for kernels fetched from the Hub when the
+#   `kernels` package (one of its dependencies) is installed. A CUDA model switched to eval() then fetches
+#   kernels-community/activation: offline, the run fails after training; online, it evaluates other code
+#   than it trained.
+LOAD_OPTIONS = {"dtype": torch.float32, "use_kernels": False}
 logger = logging.getLogger(__name__)
 
 
@@ -103,10 +112,7 @@ def load_model(model_args: ModelArguments, task: Task, tokenizer: PreTrainedToke
             revision=model_args.revision,
             trust_remote_code=model_args.trust_remote_code,
             ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
-            # transformers 5 loads in the checkpoint's dtype by default. Many Hub checkpoints are stored
-            # in fp16 or bf16; trained as such, AdamW loses small updates and GradScaler refuses fp16
-            # gradients. The weights train in fp32; mixed precision is autocast's job.
-            dtype=torch.float32,
+            **LOAD_OPTIONS,
         )
     except RuntimeError as err:
         if "ignore_mismatched_sizes" not in str(err):

@@ -35,7 +35,7 @@ from .distributed import (
     start_distributed,
 )
 from .metrics import predict_from_logits
-from .modeling import ADAPTER_CONFIG, load_tokenizer
+from .modeling import ADAPTER_CONFIG, LOAD_OPTIONS, load_tokenizer
 from .torchrun import TorchrunEnv
 
 logger = logging.getLogger(f"{__package__}.predict")
@@ -100,7 +100,7 @@ def load_trained_model(path: str, device: torch.device) -> tuple[PreTrainedModel
         raise ConfigError(f"--model_name_or_path {path!r} is a checkpoint to resume from, its weights sharded in "
                           "model_and_optimizer/: predict from the run's output_dir, which holds the final model")
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
+        model = AutoModelForSequenceClassification.from_pretrained(path, **LOAD_OPTIONS)
     except (OSError, ValueError) as err:
         raise ConfigError(f"--model_name_or_path {path!r} could not be loaded ({type(err).__name__}): pass a "
                           "trained model's output_dir or one of its checkpoint-N folders") from None
