@@ -75,6 +75,10 @@ def fail(message: str) -> None:
     print(f"error: {message}", file=sys.stderr, flush=True)
 
 
+def absolute(path: str) -> Path:
+    return Path(path).resolve()
+
+
 def peak_tflops(device_name: str) -> float | None:
     if os.environ.get("PEAK_BF16_TFLOPS"):
         return float(os.environ["PEAK_BF16_TFLOPS"])
@@ -256,10 +260,11 @@ def report(device_name: str, peak: float | None, runs: list[dict], halves: list[
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU: checks the logic without a GPU")
-    parser.add_argument("--rendered", type=Path, help="projects rendered earlier with --render-only")
-    parser.add_argument("--render-only", type=Path, metavar="DIR", help="render both loops into DIR and stop")
-    parser.add_argument("--workdir", type=Path, help="scratch folder (default: a temporary one, removed)")
-    parser.add_argument("--json", type=Path, default=BENCH / "results" / "gpu_check.json")
+    # Absolute paths: each run starts in its project's folder.
+    parser.add_argument("--rendered", type=absolute, help="projects rendered earlier with --render-only")
+    parser.add_argument("--render-only", type=absolute, metavar="DIR", help="render both loops into DIR and stop")
+    parser.add_argument("--workdir", type=absolute, help="scratch folder (default: a temporary one, removed)")
+    parser.add_argument("--json", type=absolute, default=BENCH / "results" / "gpu_check.json")
     args = parser.parse_args()
     if args.render_only is not None:
         for loop in LOOPS:
