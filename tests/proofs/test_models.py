@@ -409,6 +409,7 @@ def predict_again(model_dir: Path, done: list[dict], tmp_path: Path) -> list[dic
                             + "\n" for row in done))
     cpu = torch.device("cpu")
     model, tokenizer, task = predict.load_trained_model(str(model_dir), cpu)
+    assert model.use_kernels is False  # modeling.LOAD_OPTIONS: on CUDA, eval() would fetch a Hub kernel
     path = predict.predict_file(model, tokenizer, task, str(rows), str(tmp_path / "again.jsonl"), 16, cpu)
     return read_jsonl(path)
 

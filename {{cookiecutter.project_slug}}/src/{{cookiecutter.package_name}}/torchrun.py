@@ -112,16 +112,16 @@ def fork_workers_from_here(argv: list[str]) -> list[str]:
     if not args.module or args.run_path or args.no_python:
         return argv
     importlib.import_module(args.training_script)
-    # What is imported by now lasts as long as the workers: frozen out of the collector's sight, it is no
-    # longer scanned by their full collections (a second at the end of a run, in cleanup_distributed), and
-    # the memory pages they share with this process stay shared.
-    gc.freeze()
     if "PREFLIGHT_WORLD_SIZE" in os.environ and args.training_script == f"{__package__}.train":
         run_preflight(args.training_script_args)
     if torch.cuda.is_initialized():
         print(f"error: {__package__}.torchrun initialised CUDA before forking the workers, which would then fail "
               "to use their GPUs: nothing was started", file=sys.stderr)
         raise SystemExit(1)
+    # What is imported by now lasts as long as the workers: frozen out of the collector's sight, it is no
+    # longer scanned by their full collections (up to a second at the end of a run, in
+    # cleanup_distributed), and the memory pages they share with this process stay shared.
+    gc.freeze()
     script_at = len(argv) - len(args.training_script_args) - 1  # MODULE, after torchrun's own options
     options = [arg for arg in argv[:script_at] if arg not in ("-m", "--module")]
     worker = str(Path(__file__).with_name("worker.py"))
