@@ -112,6 +112,27 @@ def test_the_same_command_resumes_and_ends_with_the_uninterrupted_weights(
     assert worst <= WEIGHTS_ATOL, f"largest weight difference {worst:.3g} ({'native' if IS_NATIVE else 'Trainer'})"
 
 
+def test_loader_workers_are_forked_with_sigterm_held_and_no_other_fork_is() -> None:
+    # Held from the fork, a loader worker survives a SIGTERM to every process until its worker_init_fn. Any
+    # other fork (datasets' map workers, ended by Pool.terminate's SIGTERM) must not hold it, or the rank
+    # would wait for it forever.
+    package_module("stopping").fork_loader_workers_immune_to_sigterm()
+    read, write = os.pipe()
+
+    def report(worker_id: int) -> None:
+        os.write(write, b"1" if signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, []) else b"0")
+
+    loader = iter(DataLoader(range(2), batch_size=1, num_workers=1, worker_init_fn=report))
+    next(loader)
+    pid = os.fork()
+    if pid == 0:
+        report(0)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    del loader
+    assert os.read(read, 2) == b"10"
+
+
 def test_a_loader_worker_ignores_anyone_elses_sigterm_and_ends_on_its_parents() -> None:
     stopping = package_module("stopping")
     # A scheduler's SIGTERM to every process must not kill loader workers before the rank saves; their

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 
@@ -13,25 +14,44 @@ import torch.distributed as dist
 
 from .distributed import is_distributed
 
+_LOADER_MODULE = os.path.join("torch", "utils", "data", "dataloader.py")
+_held = False  # whether _hold_sigterm blocked SIGTERM for the fork under way
+
+
+def _forking_loader_workers() -> bool:
+    """Whether the fork under way starts DataLoader workers: torch's loader iterator is on the stack."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(_LOADER_MODULE):
+            return True
+        frame = frame.f_back
+    return False
+
 
 def _hold_sigterm() -> None:
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    global _held
+    _held = _forking_loader_workers()
+    if _held:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 
 def _release_sigterm() -> None:
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    if _held:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 _forks_hold_sigterm = False
 
 
 def fork_loader_workers_immune_to_sigterm() -> None:
-    """From now on every process this one forks (the loader workers of each epoch) starts with SIGTERM
+    """From now on every loader worker this process forks (those of each epoch) starts with SIGTERM
     blocked, and its worker_init_fn (keep_through_sigterm) keeps it blocked, ending only on its parent's.
 
     SLURM signals every process of a job step. A loader worker forked just then would die of it before
     its worker_init_fn runs (PyTorch's workers die of a SIGTERM that does not come from their parent),
     and the run with it, before it saves. Here a SIGTERM that comes during the fork waits for its end.
+    Other forks keep SIGTERM: datasets' map(num_proc=...) ends its processes with it (Pool.terminate),
+    and one that ignored it would keep the rank waiting forever.
     """
     global _forks_hold_sigterm
     if not _forks_hold_sigterm:
