@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -671,6 +672,44 @@ def add_proofs(project: Path, combo: Combination) -> None:
             shutil.copy2(path, project / "tests" / path.name)
 
 
+SUITE_TIMEOUT = 2700
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, parents first (launchers start their own sessions, so no group holds them all)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in map(int, children):
+            found += [child, *descendants(child)]
+    return found
+
+
+def stop_and_describe(process: subprocess.Popen) -> str:
+    """Each process's Python stack (py-spy), then stop them all: what a hung suite was waiting on."""
+    pids = [process.pid, *descendants(process.pid)]
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    reports = []
+    for pid in pids:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")[:300]
+            dump = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+            stack = dump.stdout or (dump.stderr.splitlines() or ["no stack"])[0]  # not Python: py-spy's reason
+            reports.append(f"--- {pid}: {command}\n{stack}")
+        except (OSError, subprocess.TimeoutExpired) as error:
+            reports.append(f"--- {pid}: {error}")
+    for pid in reversed(pids):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    output, _ = process.communicate()
+    return "Its processes:\n" + "\n".join(reports) + f"\nIts output:\n{output[-6000:]}"
+
+
 @pytest.mark.rendered_suite
 @pytest.mark.parametrize("combo", combination_params(SUITE_RUNS))
 def test_rendered_repo_passes_its_own_test_suite_and_the_template_proofs(rendered, combo, tmp_path):
@@ -689,10 +728,15 @@ def test_rendered_repo_passes_its_own_test_suite_and_the_template_proofs(rendere
     if combo != SUITE_RUNS[0]:
         args += [f"--ignore={name}" for name in LOOP_INDEPENDENT_TESTS]
     command = ["make", "test-all", f"PYTHON={sys.executable}", f"ARGS={' '.join(args)}"]
-    result = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, check=False, timeout=2700)
-    output = result.stdout + result.stderr
-    counts = summary_counts(result.stdout)
-    assert result.returncode == 0, output[-12000:]
+    process = subprocess.Popen(
+        command, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        output, _ = process.communicate(timeout=SUITE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"make test-all ran past {SUITE_TIMEOUT} s. {stop_and_describe(process)}")
+    counts = summary_counts(output)
+    assert process.returncode == 0, output[-12000:]
     assert counts["failed"] == 0 and counts["errors"] == 0, counts
     assert counts["passed"] > 0, counts
 
