@@ -60,7 +60,7 @@ BATCH = textwrap.dedent("""\
     ts() { date +%s.%N | cut -c1-14; }
     echo "$(ts) batch start restarts=${SLURM_RESTART_COUNT:-0}" >> "$log"
     [[ -n "${SLURM_RESTART_COUNT:-}" ]] && exit 0
-    for s in INT HUP USR1 USR2 CONT; do trap "echo \\"\\$(ts) batch got SIG$s\\" >> $log" $s; done
+    for s in INT HUP USR1 USR2; do trap "echo \\"\\$(ts) batch got SIG$s\\" >> $log" $s; done
     if [[ "$MODE" == forward ]]; then
       trap 'echo "$(ts) batch got SIGTERM" >> "$log"; kill -TERM "$srun_pid"' TERM
     else
@@ -290,9 +290,11 @@ def test_requeue_terms_the_shell_and_the_steps_then_kills_after_killwait_and_hol
     term = events.times("task", "got SIGTERM")[0]
     assert term < 1.0
     assert KILL_WAIT - 1 <= events.heartbeat("task") - term <= KILL_WAIT + 1.5, events
-    # The batch shell: CONT and TERM too (bash runs its traps in its own order); its plain child: no TERM,
-    # only the SIGKILL, at the same time as the task's.
-    assert sorted(events.got("batch")) == ["SIGCONT", "SIGTERM"], events
+    # The batch shell: TERM (and CONT, which it does not trap, as train_slurm.sbatch does not: with CONT
+    # trapped too, bash 5.2 dropped the TERM trap in 122 of 150 trials where both came at once during
+    # `wait`, and in none of 60 with CONT untrapped); its plain child: no TERM, only the SIGKILL, at the
+    # same time as the task's.
+    assert events.got("batch") == ["SIGTERM"], events
     assert events.got("child") == [], events
     assert KILL_WAIT - 1 <= events.heartbeat("child") - term <= KILL_WAIT + 1.5, events
     # COMPLETING (Restarts=1 already) until the processes are gone, then PENDING/BeginTime: eligible ~120 s on.
