@@ -112,25 +112,37 @@ def test_the_same_command_resumes_and_ends_with_the_uninterrupted_weights(
     assert worst <= WEIGHTS_ATOL, f"largest weight difference {worst:.3g} ({'native' if IS_NATIVE else 'Trainer'})"
 
 
-def test_loader_workers_are_forked_with_sigterm_held_and_no_other_fork_is() -> None:
+def test_after_a_stop_request_loader_workers_start_with_sigterm_held_and_other_forks_die_of_it() -> None:
     # Held from the fork, a loader worker survives a SIGTERM to every process until its worker_init_fn. Any
-    # other fork (datasets' map workers, ended by Pool.terminate's SIGTERM) must not hold it, or the rank
-    # would wait for it forever.
-    package_module("stopping").fork_loader_workers_immune_to_sigterm()
-    read, write = os.pipe()
+    # other fork (datasets' map workers, ended by Pool.terminate's SIGTERM) must die of it: neither held
+    # nor caught by the StopRequest's handler, or the rank would wait for it forever.
+    previous = signal.getsignal(signal.SIGTERM)
+    package_module("stopping").StopRequest()
+    try:
+        read, write = os.pipe()
 
-    def report(worker_id: int) -> None:
-        os.write(write, b"1" if signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, []) else b"0")
+        def report(worker_id: int) -> None:
+            os.write(write, b"1" if signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, []) else b"0")
 
-    loader = iter(DataLoader(range(2), batch_size=1, num_workers=1, worker_init_fn=report))
-    next(loader)
-    pid = os.fork()
-    if pid == 0:
-        report(0)
-        os._exit(0)
-    os.waitpid(pid, 0)
-    del loader
-    assert os.read(read, 2) == b"10"
+        loader = iter(DataLoader(range(2), batch_size=1, num_workers=1, worker_init_fn=report))
+        next(loader)
+        assert os.read(read, 1) == b"1"
+        del loader
+        pid = os.fork()
+        if pid == 0:  # waits on the pipe, as a pool worker waits for tasks
+            os.read(read, 1)
+            os._exit(0)
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while (ended := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if ended[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        assert ended[0] == pid and os.WIFSIGNALED(ended[1]) and os.WTERMSIG(ended[1]) == signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_a_loader_worker_ignores_anyone_elses_sigterm_and_ends_on_its_parents() -> None:

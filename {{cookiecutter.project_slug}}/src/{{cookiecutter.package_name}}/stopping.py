@@ -40,6 +40,11 @@ def _release_sigterm() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
+def _default_sigterm_unless_held() -> None:
+    if not _held:  # the StopRequest's handler would only set a flag in a process that never reads it
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 _forks_hold_sigterm = False
 
 
@@ -50,12 +55,14 @@ def fork_loader_workers_immune_to_sigterm() -> None:
     SLURM signals every process of a job step. A loader worker forked just then would die of it before
     its worker_init_fn runs (PyTorch's workers die of a SIGTERM that does not come from their parent),
     and the run with it, before it saves. Here a SIGTERM that comes during the fork waits for its end.
-    Other forks keep SIGTERM: datasets' map(num_proc=...) ends its processes with it (Pool.terminate),
-    and one that ignored it would keep the rank waiting forever.
+    Other forks start with SIGTERM unblocked and its default action, not the StopRequest's handler:
+    datasets' map(num_proc=...) ends its processes with it (Pool.terminate), and one that ignored it
+    would keep the rank waiting forever.
     """
     global _forks_hold_sigterm
     if not _forks_hold_sigterm:
-        os.register_at_fork(before=_hold_sigterm, after_in_parent=_release_sigterm)
+        os.register_at_fork(before=_hold_sigterm, after_in_parent=_release_sigterm,
+                            after_in_child=_default_sigterm_unless_held)
         _forks_hold_sigterm = True
 
 
