@@ -116,10 +116,9 @@ def test_after_a_stop_request_loader_workers_start_with_sigterm_held_and_other_f
     # Held from the fork, a loader worker survives a SIGTERM to every process until its worker_init_fn. Any
     # other fork (datasets' map workers, ended by Pool.terminate's SIGTERM) must die of it: neither held
     # nor caught by the StopRequest's handler, or the rank would wait for it forever.
-    previous = signal.getsignal(signal.SIGTERM)
+    previous, (read, write) = signal.getsignal(signal.SIGTERM), os.pipe()
     package_module("stopping").StopRequest()
     try:
-        read, write = os.pipe()
 
         def report(worker_id: int) -> None:
             os.write(write, b"1" if signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, []) else b"0")
@@ -143,6 +142,8 @@ def test_after_a_stop_request_loader_workers_start_with_sigterm_held_and_other_f
         assert ended[0] == pid and os.WIFSIGNALED(ended[1]) and os.WTERMSIG(ended[1]) == signal.SIGTERM
     finally:
         signal.signal(signal.SIGTERM, previous)
+        os.close(read)
+        os.close(write)
 
 
 def test_a_loader_worker_ignores_anyone_elses_sigterm_and_ends_on_its_parents() -> None:
