@@ -762,3 +762,30 @@ def test_every_function_and_class_the_package_defines_is_used_by_the_project(ren
                 if uses <= 1 and not pattern.search(elsewhere):
                     unused.append(f"{path.relative_to(project)}: {node.name}")
     assert unused == []
+
+
+# What a render hands its user, in lines: its tests and test helpers, and its shell scripts (the
+# proofs stay in the template: tests/proofs/). src/ is held at the size it has reached and only goes
+# down; its lines over 110 characters at most as many as before the render was made lean.
+TESTS_CAP, SHELL_CAP = 3000, 450
+SRC_CAP = {"native": 4131, "trainer": 3521}
+LONG_LINES_CAP = {"native": 168, "trainer": 154}
+
+
+def line_counts(paths: list[Path]) -> tuple[int, int]:
+    """Lines in all of paths, and how many of them are over 110 characters."""
+    lines = [line for path in paths for line in path.read_text(encoding="utf-8").splitlines()]
+    return len(lines), sum(len(line) > 110 for line in lines)
+
+
+@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS))
+def test_render_stays_lean(rendered, combo):
+    project = rendered(combo)
+    src, long_lines = line_counts(sorted((project / "src").rglob("*.py")))
+    tests, _ = line_counts(sorted((project / "tests").rglob("*.py")))
+    shell, _ = line_counts(sorted((project / "scripts").glob("*.sh")) + sorted((project / "scripts").glob("*.sbatch")))
+    loop = combo.training_loop
+    assert src <= SRC_CAP[loop] and long_lines <= LONG_LINES_CAP[loop], (
+        f"src/: {src} lines (cap {SRC_CAP[loop]}), {long_lines} over 110 characters (cap {LONG_LINES_CAP[loop]})")
+    assert tests <= TESTS_CAP, f"tests/: {tests} lines, cap {TESTS_CAP}"
+    assert shell <= SHELL_CAP, f"scripts/: {shell} lines of shell, cap {SHELL_CAP}"
