@@ -10,13 +10,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 
-def predict_from_logits(logits: np.ndarray, problem_type: str, threshold: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
-    """(predictions, scores) from a batch of logits.
-
-    Single-label: the class id and its softmax probability. Multi-label: a 0/1 row per example (each
-    label whose sigmoid probability is above the threshold) and those probabilities. Regression: the
-    value, twice.
-    """
+def predict_from_logits(logits: np.ndarray, problem_type: str,
+                        threshold: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """(predictions, scores) from a batch of logits. Single-label: the class id and its softmax probability.
+    Multi-label: a 0/1 row per example (the labels whose sigmoid is above the threshold) and those
+    probabilities. Regression: the value, twice."""
     logits = np.asarray(logits, dtype=np.float64)
     if problem_type == "regression":
         values = logits.reshape(len(logits), -1)[:, 0]
@@ -60,22 +58,19 @@ def per_class_figures(label_names: Sequence[str], hits: np.ndarray, predicted: n
                       actual: np.ndarray) -> tuple[dict, float]:
     """Each class's precision, recall, F1 and support from its counts, and the macro-F1 over the classes
     that were predicted or present (a class absent from both does not count)."""
-    per_class, f1_scores = {}, []
-    for name, hit, guessed, present in zip(label_names, hits, predicted, actual, strict=True):
-        f1 = 2 * hit / (guessed + present) if guessed + present else 0.0
-        if guessed + present:
-            f1_scores.append(f1)
-        per_class[name] = {"precision": float(hit / guessed) if guessed else 0.0,
-                           "recall": float(hit / present) if present else 0.0, "f1": float(f1),
-                           "support": int(present)}
-    return per_class, float(np.mean(f1_scores)) if f1_scores else 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0 / 0 where a class has no count: then 0
+        figures = np.nan_to_num([hits / predicted, hits / actual, 2 * hits / (predicted + actual)])
+    per_class = {name: {"precision": float(p), "recall": float(r), "f1": float(f), "support": int(n)}
+                 for name, p, r, f, n in zip(label_names, *figures, actual, strict=True)}
+    counted = predicted + actual > 0
+    return per_class, float(figures[2][counted].mean()) if counted.any() else 0.0
 
 
 def multi_label_metrics(predictions: np.ndarray, labels: np.ndarray, label_names: Sequence[str]) -> dict:
     """Micro- and macro-F1, subset accuracy (every label of an example right) and per-label figures."""
     predictions = np.asarray(predictions).reshape(-1, len(label_names)).astype(bool)
     labels = np.asarray(labels).reshape(-1, len(label_names)).astype(bool)
-    hits, predicted, actual = ((predictions & labels).sum(axis=0), predictions.sum(axis=0), labels.sum(axis=0))
+    hits, predicted, actual = (predictions & labels).sum(axis=0), predictions.sum(axis=0), labels.sum(axis=0)
     per_class, f1_macro = per_class_figures(label_names, hits, predicted, actual)
     total = predicted.sum() + actual.sum()
     return {
@@ -88,11 +83,8 @@ def multi_label_metrics(predictions: np.ndarray, labels: np.ndarray, label_names
 
 
 def classification_metrics(predictions: np.ndarray, labels: np.ndarray, label_names: Sequence[str]) -> dict:
-    """Accuracy, macro-F1, per-class precision/recall/F1/support and the confusion matrix.
-
-    The confusion matrix has a row per true label and a column per predicted label, in id order.
-    A class absent from both predictions and labels does not count towards the macro average.
-    """
+    """Accuracy, macro-F1, per-class figures and the confusion matrix: a row per true label and a column
+    per predicted label, in id order."""
     predictions, labels = np.asarray(predictions).reshape(-1), np.asarray(labels).reshape(-1)
     confusion = np.zeros((len(label_names), len(label_names)), dtype=np.int64)
     np.add.at(confusion, (labels, predictions), 1)
@@ -132,10 +124,7 @@ def write_metrics(output_dir: str, metrics: dict, trained: bool) -> Path:
 
 
 def is_finished(output_dir: str, steps_left: int) -> bool:
-    """Whether a training run of output_dir has nothing left to train and has written its metrics.
-
-    Its command run again then changes nothing: metrics.json stays as it was.
-    """
+    """Whether output_dir's run has nothing left to train and has written metrics.json (a rerun keeps it)."""
     return steps_left == 0 and Path(output_dir, "metrics.json").is_file()
 
 

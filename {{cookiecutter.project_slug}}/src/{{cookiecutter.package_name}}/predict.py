@@ -2,12 +2,11 @@
 
     python -m <package>.predict --model_name_or_path OUTPUT_DIR --input_file rows.csv --output_file out.csv
 
-The model's config.json says what it was trained on (data.Task): the problem type, the labels, the
-text column(s) and max_seq_length, so predicting on the eval file tokenises exactly as the eval did.
-Under torchrun (or a launch script with MODULE=<package>.predict) each rank predicts every
-world_size-th row of the length-sorted input and rank 0 writes the file: each input row once, in input
-order, its columns followed by the prediction columns. `--do_predict` with `--test_file` runs the
-same at the end of training, into output_dir/predictions.<the test file's suffix>.
+The model's config.json holds its data.Task (problem type, labels, text column(s), max_seq_length), so
+predicting on the eval file tokenises exactly as the eval did. Under torchrun (or a launch script with
+MODULE=<package>.predict) each rank predicts every world_size-th row of the length-sorted input; rank 0
+writes each input row once, in input order, its columns followed by the prediction columns.
+`--do_predict` with `--test_file` runs the same after training, into output_dir/predictions.<suffix>.
 """
 
 from __future__ import annotations
@@ -113,11 +112,9 @@ def load_trained_model(path: str, device: torch.device) -> tuple[PreTrainedModel
 def predict_file(model: PreTrainedModel, tokenizer, task: Task, input_file: str, output_file: str,
                  batch_size: int, device: torch.device, precision: str = "no",
                  num_proc: int | None = None) -> Path | None:
-    """Predict every row of input_file; rank 0 writes them to output_file (and returns its path).
-
-    Every process of the group must call it: each predicts its share, rank 0 gathers them. Rank 0
-    reads and tokenises first (in num_proc processes); the others then read its cache.
-    """
+    """Predict every row of input_file; rank 0 writes them to output_file and returns its path. Every
+    process of the group calls it: rank 0 reads and tokenises first (in num_proc processes), the others
+    then read its cache; each predicts its share and rank 0 gathers them."""
     with main_process_first():
         rows = read_files({"input": input_file}, flag="--input_file")["input"]
         for flag, column in (("text_column", task.text_column), ("text_pair_column", task.text_pair_column)):
@@ -152,8 +149,8 @@ def prediction_columns(logits: np.ndarray, task: Task) -> dict[str, list]:
 def write_rows(rows: Dataset, columns: dict[str, list], output_file: str) -> Path:
     taken = sorted(set(columns) & set(rows.column_names))
     if taken:
-        raise ConfigError(f"--input_file already has column(s) {', '.join(taken)}, which the predictions would "
-                          "replace: rename them")
+        raise ConfigError(f"--input_file already has column(s) {', '.join(taken)}, which the predictions "
+                          "would replace: rename them")
     if output_file.endswith(".csv"):  # a cell holds no list: a label set becomes "a|b"
         columns = {name: ["|".join(value) if isinstance(value, list) else value for value in values]
                    for name, values in columns.items()}

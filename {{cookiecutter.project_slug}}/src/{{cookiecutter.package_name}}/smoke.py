@@ -16,22 +16,15 @@ import json
 import random
 from pathlib import Path
 
+import torch
 import transformers
 from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
     BertConfig,
     BertForSequenceClassification,
     BertTokenizer,
-    GPT2Config,
-    GPT2LMHeadModel,
-    GPT2Tokenizer,
-    LlamaConfig,
-    LlamaForCausalLM,
-    LlamaTokenizer,
-    PreTrainedModel,
     PreTrainedTokenizerBase,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen2Tokenizer,
 )
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -49,55 +42,48 @@ TOPICS = {
     "music": ["guitar", "song", "piano", "drums", "singer", "concert"],
     "travel": ["train", "airport", "hotel", "beach", "passport", "journey"],
 }
-
-
-def sentiment_words(rng: random.Random, label: int, length: int) -> list[str]:
-    """Neutral filler with about a third of its words of `label`'s sentiment and fewer of the other."""
-    words = [rng.choice(NEUTRAL) for _ in range(length)]
-    own, other = (POSITIVE, NEGATIVE) if label else (NEGATIVE, POSITIVE)
-    strong = max(2, length // 3)
-    for _ in range(strong):
-        words[rng.randrange(length)] = rng.choice(own)
-    for _ in range(rng.randrange(strong // 2 + 1)):
-        words[rng.randrange(length)] = rng.choice(other)
-    return words
+WORDS = sorted({*POSITIVE, *NEGATIVE, *NEUTRAL, *(word for words in TOPICS.values() for word in words)})
 
 
 def synthetic_examples(count: int, seed: int) -> list[dict[str, str]]:
-    """Reviews of long-tailed length whose label is the sentiment that outnumbers the other."""
+    """Reviews of long-tailed length whose label is the sentiment that outnumbers the other: neutral filler
+    with about a third of its words of the label's sentiment and fewer of the other."""
     rng = random.Random(seed)
     examples = []
     for _ in range(count):
         label = rng.randrange(2)
         length = min(120, max(6, int(rng.lognormvariate(3.0, 0.7))))
-        examples.append({"text": " ".join(sentiment_words(rng, label, length)), "label": LABELS[label]})
+        words = [rng.choice(NEUTRAL) for _ in range(length)]
+        own, other = (POSITIVE, NEGATIVE) if label else (NEGATIVE, POSITIVE)
+        strong = max(2, length // 3)
+        for _ in range(strong):
+            words[rng.randrange(length)] = rng.choice(own)
+        for _ in range(rng.randrange(strong // 2 + 1)):
+            words[rng.randrange(length)] = rng.choice(other)
+        examples.append({"text": " ".join(words), "label": LABELS[label]})
     return examples
 
 
-def clear_review(rng: random.Random, label: int, length: int) -> list[str]:
-    """Neutral filler of which two thirds are words of `label`'s sentiment and none of the other's.
-
-    Pairs need a sentiment that is plain to read: with sparse or mixed cues the tiny BERT memorises
-    the 512 pairs instead of learning to compare them.
-    """
-    words = [rng.choice(NEUTRAL) for _ in range(length)]
-    own = POSITIVE if label else NEGATIVE
-    for position in rng.sample(range(length), 2 * length // 3):
-        words[position] = rng.choice(own)
-    return words
-
-
 def pair_examples(count: int, seed: int) -> list[dict[str, str]]:
-    """Two short reviews labelled by whether they share a sentiment: an XOR that neither tells alone."""
+    """Two short reviews labelled by whether they share a sentiment: an XOR that neither tells alone.
+
+    Two thirds of each review's words carry its sentiment, none the other's: with sparse or mixed cues
+    the tiny BERT memorises the 512 pairs instead of learning to compare them.
+    """
     rng = random.Random(seed)
     same_flags = [index % 2 for index in range(count)]  # balanced classes, in random order
     rng.shuffle(same_flags)
     examples = []
     for same in same_flags:
         first = rng.randrange(2)  # independent of the label, so sentence1 alone is a coin toss
-        second = first if same else 1 - first
-        sentence1, sentence2 = (" ".join(clear_review(rng, s, rng.randint(6, 10))) for s in (first, second))
-        examples.append({"sentence1": sentence1, "sentence2": sentence2, "label": PAIR_LABELS[same]})
+        sentences = []
+        for label in (first, first if same else 1 - first):
+            length = rng.randint(6, 10)
+            words = [rng.choice(NEUTRAL) for _ in range(length)]
+            for position in rng.sample(range(length), 2 * length // 3):
+                words[position] = rng.choice(POSITIVE if label else NEGATIVE)
+            sentences.append(" ".join(words))
+        examples.append({"sentence1": sentences[0], "sentence2": sentences[1], "label": PAIR_LABELS[same]})
     return examples
 
 
@@ -138,25 +124,8 @@ TASKS = {"pairs": pair_examples, "regression": regression_examples, "multilabel"
 
 
 def build_tokenizer() -> BertTokenizer:
-    topic_words = [word for words in TOPICS.values() for word in words]
-    vocab = SPECIAL_TOKENS + sorted(set(POSITIVE + NEGATIVE + NEUTRAL + topic_words))
+    vocab = SPECIAL_TOKENS + WORDS
     return BertTokenizer(vocab={token: i for i, token in enumerate(vocab)}, model_max_length=128)
-
-
-def build_model(vocab_size: int, seed: int) -> BertForSequenceClassification:
-    import torch
-
-    torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=128,
-        num_labels=len(LABELS),
-    )
-    return BertForSequenceClassification(config)
 
 
 # Each tokenizer as the family ships it: Llama's with bos and eos but no pad token, padding on the left;
@@ -169,19 +138,19 @@ def train_bpe(byte_level: bool, special_tokens: list[str]) -> tuple[dict[str, in
     """BPE vocabulary and merges learned from the smoke words: every word becomes one token."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    topic_words = [word for words in TOPICS.values() for word in words]
-    words = sorted(set(POSITIVE + NEGATIVE + NEUTRAL + topic_words))
     tokenizer = Tokenizer(models.BPE(unk_token=None if byte_level else special_tokens[0]))
     tokenizer.pre_tokenizer = (pre_tokenizers.ByteLevel(add_prefix_space=False) if byte_level
                                else pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always"))
     trainer = trainers.BpeTrainer(vocab_size=2048, special_tokens=special_tokens, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet() if byte_level else [])
-    tokenizer.train_from_iterator([f"{word} {word}" for word in words], trainer)  # first in a text, and after one
+    tokenizer.train_from_iterator([f"{word} {word}" for word in WORDS], trainer)  # first in a text, and after one
     model = json.loads(tokenizer.to_str())["model"]
     return model["vocab"], [tuple(merge) for merge in model["merges"]]
 
 
 def build_decoder_tokenizer(family: str) -> PreTrainedTokenizerBase:
+    from transformers import GPT2Tokenizer, LlamaTokenizer, Qwen2Tokenizer
+
     if family == "llama":
         vocab, merges = train_bpe(byte_level=False, special_tokens=["<unk>", "<s>", "</s>"])
         return LlamaTokenizer(vocab=vocab, merges=merges, add_bos_token=True, model_max_length=128)
@@ -190,26 +159,19 @@ def build_decoder_tokenizer(family: str) -> PreTrainedTokenizerBase:
     return tokenizer_class(vocab=vocab, merges=merges, model_max_length=128)
 
 
-def build_decoder(family: str, tokenizer: PreTrainedTokenizerBase, seed: int) -> PreTrainedModel:
-    """The family's language model, tiny: 2 layers of width 64."""
-    import torch
-
-    torch.manual_seed(seed)
-    tokens = {"vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
-              "eos_token_id": tokenizer.eos_token_id}
-    if family == "gpt2":
-        return GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=2, n_positions=128, **tokens))
-    config_class, model_class = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[
-        family]
-    return model_class(config_class(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                                    num_key_value_heads=1, max_position_embeddings=128, **tokens))
-
-
 def make_tiny_decoder(family: str, folder: str | Path, seed: int = 0) -> Path:
-    """Write tiny-<family>'s tokenizer and model into folder; the same arguments give the same files."""
+    """Write tiny-<family>'s tokenizer and language model (2 layers of width 64) into folder; the same
+    arguments give the same files."""
     tokenizer = build_decoder_tokenizer(family)
     tokenizer.save_pretrained(folder)
-    build_decoder(family, tokenizer, seed).save_pretrained(folder)
+    # GPT-2's config reads these names as its own n_embd, n_layer, n_head and n_positions.
+    sizes = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=128)
+    if family != "gpt2":
+        sizes |= dict(intermediate_size=128, num_key_value_heads=1)
+    config = AutoConfig.for_model(family, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                                  eos_token_id=tokenizer.eos_token_id, **sizes)
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     return Path(folder)
 
 
@@ -218,15 +180,16 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def make_smoke_assets(output_dir: str | Path, train_size: int = 512, eval_size: int = 101, seed: int = 0) -> Path:
-    """Write tiny-bert/, train.jsonl, validation.jsonl and one such pair of files per TASKS folder.
-
-    The same arguments give the same files, byte for byte.
-    """
+    """Write tiny-bert/, train.jsonl, validation.jsonl and one such pair of files per TASKS folder: the same
+    arguments give the same files, byte for byte."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     tokenizer.save_pretrained(output_dir / "tiny-bert")
-    build_model(len(tokenizer), seed).save_pretrained(output_dir / "tiny-bert")
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=128, max_position_embeddings=128, num_labels=len(LABELS))
+    BertForSequenceClassification(config).save_pretrained(output_dir / "tiny-bert")
     write_jsonl(output_dir / "train.jsonl", synthetic_examples(train_size, seed))
     write_jsonl(output_dir / "validation.jsonl", synthetic_examples(eval_size, seed + 1))
     for task, examples in TASKS.items():
