@@ -195,12 +195,9 @@ class RecordRun(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             checkpoint = Path(args.output_dir, f"checkpoint-{state.global_step}")
-            (checkpoint / BATCH_PLAN).write_text(json.dumps(batch_plan(args)) + "\n")
+            split = batch_split(args.world_size, args.per_device_train_batch_size, args.gradient_accumulation_steps)
+            (checkpoint / BATCH_PLAN).write_text(json.dumps(split) + "\n")
             (checkpoint / RUN_TOTALS).write_text(json.dumps(self.totals(args, state)) + "\n")
-
-
-def batch_plan(args: TrainingArguments) -> dict[str, int]:
-    return batch_split(args.world_size, args.per_device_train_batch_size, args.gradient_accumulation_steps)
 
 
 class GradientSyncCheck(TrainerCallback):
@@ -418,7 +415,6 @@ def release(trainer: Trainer) -> None:
     trainer.model_wrapped = trainer.model
     close_trackers()
     cleanup_distributed()
-
 
 
 def close_trackers() -> None:
