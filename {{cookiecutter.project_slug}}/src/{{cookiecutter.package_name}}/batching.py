@@ -188,12 +188,11 @@ def build_train_batches(
     check_batch_fits(len(train_set), world_size, per_device, accumulation)
     sampler = build_train_sampler(train_set, args, rank, world_size, accumulation)
     loader = build_loader(train_set, args, collator, per_device, on_gpu, sampler)
-    # A last optimizer step of the epoch with fewer micro-batches than the others is still taken.
+    # At least one full step (check_batch_fits); a last one with fewer micro-batches is still taken.
     steps_per_epoch = math.ceil(len(loader) / accumulation)
     total_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
     plan = BatchPlan(per_device, accumulation, world_size, len(train_set), len(loader), steps_per_epoch,
                      total_steps)
     logger.info("%d steps of %d examples (%d per device x %d accumulation x %d processes), %d steps per epoch",
-                plan.total_steps, plan.global_batch_size, plan.per_device_batch_size, plan.accumulation_steps,
-                plan.world_size, plan.steps_per_epoch)
+                total_steps, plan.global_batch_size, per_device, accumulation, world_size, steps_per_epoch)
     return sampler, loader, plan
