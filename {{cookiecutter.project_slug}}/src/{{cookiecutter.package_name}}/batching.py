@@ -1,9 +1,10 @@
 """Which examples each rank trains on, step by step: the samplers, the loaders and the batch plan.
 
-The native loop's data plumbing. Every rank draws the same shuffle (seed + epoch) and takes its own
-slice of it, so together the ranks see each example once per epoch. Where the examples do not divide
-among the ranks, the order is padded with repeats of its first ones (at most world size - 1), as in
-DistributedSampler, unless --dataloader_drop_last cuts it instead.
+The native loop's data plumbing. Every rank draws the same order (shuffled with seed + epoch, unless
+sequential) and takes its own share of it. As in DistributedSampler, where the examples do not divide
+among the ranks, the order is padded with its first examples (at most world size - 1 of them, so those
+are trained on twice that epoch); with --dataloader_drop_last it is cut instead, and so is each rank's
+last short batch, so those examples are left out that epoch.
 """
 
 from __future__ import annotations
@@ -26,56 +27,42 @@ from .training_args import TrainingArguments
 logger = logging.getLogger(__name__)
 
 
+@dataclass
 class DistributedLengthGroupedSampler(Sampler[int]):
-    """Disjoint per-rank shards whose batches hold examples of similar length, for less padding.
+    """This rank's share of each epoch, in batches of examples of similar length, for less padding.
 
-    Each epoch (seed + epoch, the same on every rank): shuffle, cut into megabatches, sort each
-    megabatch by length, and cut it into optimizer steps (batch_size x num_replicas x
-    accumulation_steps consecutive examples). Each step's micro-batches are dealt out in turn:
-    rank r takes slice r of every batch_size x num_replicas examples. The ranks then run batches
-    of about the same length at the same step, so none waits long for the others at the gradient
-    all-reduce; and which examples make each optimizer step depends only on the global batch, not
-    on how it is split, so a run can resume on another number of processes. As in
-    DistributedSampler, the order is padded with its first examples to a multiple of num_replicas
-    (or cut, with drop_last), so every rank runs the same number of batches.
+    Each epoch: shuffle, cut into megabatches, sort each by length and cut it into optimizer steps
+    (batch_size x num_replicas x accumulation_steps consecutive examples); rank r takes slice r of
+    each batch_size x num_replicas of them. The ranks then run batches of about the same length at
+    the same step, so none waits long for the others at the all-reduce.
     """
 
-    def __init__(
-        self,
-        lengths: Sequence[int],
-        batch_size: int,
-        num_replicas: int = 1,
-        rank: int = 0,
-        seed: int = 0,
-        drop_last: bool = False,
-        accumulation_steps: int = 1,
-    ) -> None:
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank {rank} is outside [0, {num_replicas})")
-        self.lengths = list(lengths)
-        self.batch_size = batch_size
-        self.num_replicas = num_replicas
-        self.rank = rank
-        self.seed = seed
-        self.drop_last = drop_last
-        self.accumulation_steps = accumulation_steps
-        self.epoch = 0
-        count = len(self.lengths)
-        self.total_size = count - count % num_replicas if drop_last else -(-count // num_replicas) * num_replicas
-        self.num_samples = self.total_size // num_replicas
+    lengths: Sequence[int]
+    batch_size: int
+    num_replicas: int = 1
+    rank: int = 0
+    seed: int = 0
+    drop_last: bool = False
+    accumulation_steps: int = 1
+    epoch: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.num_replicas:
+            raise ValueError(f"rank {self.rank} is outside [0, {self.num_replicas})")
+        self.lengths = list(self.lengths)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return self.num_samples
+        count = len(self.lengths)
+        return count // self.num_replicas if self.drop_last else math.ceil(count / self.num_replicas)
 
     def __iter__(self) -> Iterator[int]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(len(self.lengths), generator=generator).tolist()
-        while len(order) < self.total_size:  # pad with repeats, at most num_replicas - 1 of them
-            order += order[: self.total_size - len(order)]
-        order = order[: self.total_size]
+        # Padded with its first examples to len(self) per rank, or cut (drop_last).
+        order = list(itertools.islice(itertools.cycle(order), len(self) * self.num_replicas))
 
         global_batch = self.batch_size * self.num_replicas  # one micro-step of all ranks
         step = global_batch * self.accumulation_steps
@@ -118,10 +105,11 @@ class ResumableSampler(Sampler[int]):
 
 def build_train_sampler(train_set: Dataset, args: TrainingArguments, rank: int, world_size: int,
                         accumulation_steps: int) -> ResumableSampler:
-    """Each rank its own disjoint shard, reshuffled every epoch by set_epoch (seed + epoch).
+    """This rank's share of each epoch (--train_sampling_strategy), reordered by set_epoch.
 
     In both samplers the examples of optimizer step s are positions [s x G, (s + 1) x G) of one
-    global order, G being the global batch: the same examples however many ranks share them.
+    global order, G being the global batch: the same examples however many ranks share them, so a
+    run can resume on another number of processes.
     """
     if args.train_sampling_strategy == "group_by_length":
         sampler = DistributedLengthGroupedSampler(
@@ -174,9 +162,9 @@ class BatchPlan:
     def as_dict(self) -> dict[str, int]:
         """Saved in checkpoints. A resumed run must have the same global batch, train size and steps
         per epoch; how the global batch is split (processes x batch x accumulation) may differ."""
+        split = batch_split(self.world_size, self.per_device_batch_size, self.accumulation_steps)
         return {"global_batch_size": self.global_batch_size, "train_size": self.train_size,
-                "steps_per_epoch": self.steps_per_epoch} | batch_split(
-                    self.world_size, self.per_device_batch_size, self.accumulation_steps)
+                "steps_per_epoch": self.steps_per_epoch} | split
 
 
 def resumed_accumulation_steps(checkpoint: Path | None, args: TrainingArguments, world_size: int) -> int:
@@ -190,27 +178,21 @@ def resumed_accumulation_steps(checkpoint: Path | None, args: TrainingArguments,
     return accumulation
 
 
-def plan_batches(train_size: int, train_loader: DataLoader, args: TrainingArguments, world_size: int,
-                 accumulation: int) -> BatchPlan:
-    per_device = args.per_device_train_batch_size
-    check_batch_fits(train_size, world_size, per_device, accumulation)
-    micro_batches = len(train_loader)  # >= accumulation: the train set holds at least one full step
-    # A last optimizer step of the epoch with fewer micro-batches than the others is still taken.
-    steps_per_epoch = math.ceil(micro_batches / accumulation)
-    total_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
-    return BatchPlan(per_device, accumulation, world_size, train_size, micro_batches, steps_per_epoch, total_steps)
-
-
 def build_train_batches(
     train_set: Dataset, args: TrainingArguments, collator, rank: int, world_size: int, on_gpu: bool,
     checkpoint: Path | None,
 ) -> tuple[ResumableSampler, DataLoader, BatchPlan]:
     """This rank's train sampler and loader, and the batch plan they make (resuming `checkpoint`, if any)."""
+    per_device = args.per_device_train_batch_size
     accumulation = resumed_accumulation_steps(checkpoint, args, world_size)
+    check_batch_fits(len(train_set), world_size, per_device, accumulation)
     sampler = build_train_sampler(train_set, args, rank, world_size, accumulation)
-    loader = build_loader(train_set, args, collator, args.per_device_train_batch_size, on_gpu, sampler)
-    plan = plan_batches(len(train_set), loader, args, world_size, accumulation)
+    loader = build_loader(train_set, args, collator, per_device, on_gpu, sampler)
+    # At least one full step (check_batch_fits); a last one with fewer micro-batches is still taken.
+    steps_per_epoch = math.ceil(len(loader) / accumulation)
+    total_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
+    plan = BatchPlan(per_device, accumulation, world_size, len(train_set), len(loader), steps_per_epoch,
+                     total_steps)
     logger.info("%d steps of %d examples (%d per device x %d accumulation x %d processes), %d steps per epoch",
-                plan.total_steps, plan.global_batch_size, plan.per_device_batch_size, plan.accumulation_steps,
-                plan.world_size, plan.steps_per_epoch)
+                total_steps, plan.global_batch_size, per_device, accumulation, world_size, steps_per_epoch)
     return sampler, loader, plan

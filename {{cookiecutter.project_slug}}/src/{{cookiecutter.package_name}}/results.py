@@ -29,8 +29,8 @@ def write_results(args, metrics: dict, history: list[dict], is_main_process: boo
     (--preprocessing_num_workers)."""
     if args.do_predict:
         output_file = str(Path(args.output_dir, "predictions" + Path(test_file).suffix))
-        predict_file(model, tokenizer, task, test_file, output_file, args.per_device_eval_batch_size, device, precision,
-                     num_proc=num_proc)
+        predict_file(model, tokenizer, task, test_file, output_file, args.per_device_eval_batch_size, device,
+                     precision, num_proc=num_proc)
     if not is_main_process:
         return
     path = write_metrics(args.output_dir, metrics, trained=args.do_train)

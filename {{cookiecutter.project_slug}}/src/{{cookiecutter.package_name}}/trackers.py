@@ -1,4 +1,4 @@
-"""The native loop's trackers (--report_to): each has log(scalars, step) and close(); tracking.py configures them."""
+"""The native loop's trackers (--report_to): each has log(scalars, step) and close()."""
 
 from __future__ import annotations
 
@@ -56,7 +56,6 @@ TRACKER_CLASSES = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "ml
 
 
 def start_tracker(report_to: str, output_dir: str, config: dict, is_main_process: bool) -> Tracker | None:
-    """The native loop's tracker: configured on every rank, started on rank 0 only (None elsewhere, and
-    for none). It has log(scalars, step) and close()."""
+    """Configured on every rank (tracking.py), started on rank 0 only: None elsewhere, and for none."""
     configure_tracker([report_to], output_dir, is_main_process)
     return TRACKER_CLASSES[report_to](config) if report_to != "none" and is_main_process else None

@@ -1,12 +1,8 @@
 """Experiment tracking (--report_to): offline by default, from rank 0 only, one tracker run per output_dir.
 
-`configure_tracker` runs on every rank before anything logs. It fills in the environment variables
-each tracker reads, only where you have not set them: TensorBoard in output_dir/runs, wandb offline
-in output_dir/wandb, mlflow to a SQLite file, output_dir/mlflow.db (mlflow 3 refuses its old
-./mlruns file store unless told otherwise). Rank 0 records the tracker's run id in
-output_dir/tracker_run.json the first time, and every later run of that output_dir (a resume)
-continues the same run. The Trainer's own callbacks (report_to) read this environment; the native
-loop starts its tracker with trackers.py.
+`configure_tracker` runs on every rank before anything logs: it sets the environment variables each
+tracker reads, where you have not, for the Trainer's callbacks or the native loop's trackers.py. Rank 0
+records the run id in output_dir/tracker_run.json on the first run, and a resume continues that run.
 """
 
 from __future__ import annotations
@@ -23,8 +19,7 @@ PROJECT = __package__.split(".")[0]  # the wandb project and mlflow experiment, 
 
 
 def configure_tracker(report_to: Collection[str], output_dir: str, is_main_process: bool) -> None:
-    """Set each chosen tracker's defaults (offline, under output_dir) and, on rank 0, its run id (and
-    start mlflow's run)."""
+    """Set the chosen trackers' defaults (offline, under output_dir); on rank 0 also their run ids."""
     output = Path(output_dir).resolve()
     if is_main_process and set(report_to) & set(TRACKERS[1:]):
         output.mkdir(parents=True, exist_ok=True)
@@ -38,6 +33,7 @@ def configure_tracker(report_to: Collection[str], output_dir: str, is_main_proce
             os.environ.update(WANDB_RUN_ID=recorded_run_id(output, "wandb", lambda: secrets.token_hex(4)),
                               WANDB_RESUME="allow")
     if "mlflow" in report_to:
+        # A SQLite file: mlflow 3 refuses its old ./mlruns file store unless told otherwise.
         os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{output / 'mlflow.db'}")
         os.environ.setdefault("MLFLOW_EXPERIMENT_NAME", PROJECT)
         if is_main_process:

@@ -1,15 +1,10 @@
 """The native loop's training flags: exactly what train.py implements, nothing else.
 
-Names and meanings follow transformers.TrainingArguments, so a config file moves between this loop
-and the Trainer variant. A flag that is not here is refused by the parser, like any unknown flag.
-Defaults follow it too, except: output_dir, logging_steps and save_total_limit (this project's
-choices, as in the Trainer variant); do_train and do_eval (this script always did both);
-train_sampling_strategy (see below); ddp_find_unused_parameters and ddp_broadcast_buffers False
-(parameters the forward never uses are frozen at load instead, and BERT's buffers never change: each
-search or sync costs every step);
-disable_tqdm False; tf32 None leaves torch's own setting; dataloader_num_workers None sizes the
-loader to the CPUs this process may use (distributed.default_dataloader_workers); fsdp is true or false
-(transformers takes a string of FSDP options): true shards each transformer block with FSDP2 (sharding.py).
+Names, meanings and defaults follow transformers.TrainingArguments, so a config file moves between this
+loop and the Trainer variant; a flag that is not here is refused like any unknown flag. The defaults that
+differ are this project's choices (output_dir, logging_steps, save_total_limit, as in the Trainer variant;
+do_train and do_eval true; disable_tqdm and gradient_checkpointing false, not None), or a comment or their
+help says why. tests/test_training_args_native.py checks the list.
 """
 
 from __future__ import annotations
@@ -81,12 +76,15 @@ class TrainingArguments:
                                 ["auto", "bf16", "fp16", "no"])
     fp16: bool = flag(False, "Same as --mixed_precision fp16.")
     bf16: bool = flag(False, "Same as --mixed_precision bf16.")
-    tf32: bool | None = flag(None, "TF32 matmuls on Ampere+ GPUs.")
+    tf32: bool | None = flag(None, "TF32 matmuls on Ampere+ GPUs; None: torch's own.")
     ddp_backend: str | None = flag(None, "None: nccl on GPU, gloo on CPU.", ["nccl", "gloo"])
     ddp_timeout: int = flag(1800, "Seconds before a stuck collective fails.")
+    # Both False, unlike transformers: each search or sync costs every step, while the parameters the forward
+    # never uses are frozen at load instead, and BERT's buffers never change.
     ddp_find_unused_parameters: bool = flag(False, "For models that skip parameters by input.")
-    ddp_bucket_cap_mb: int | None = flag(None, "DDP bucket MiB; None: torch's 25.")
     ddp_broadcast_buffers: bool = flag(False, "Sync buffers before each forward.")
+    ddp_bucket_cap_mb: int | None = flag(None, "DDP bucket MiB; None: torch's 25.")
+    # transformers takes a string of FSDP options; here true shards each transformer block (sharding.py).
     fsdp: bool = flag(False, "Shard weights, grads, AdamW (FSDP2).")
     # Logging, evaluation and checkpoints; *_steps below 1 is a fraction of all steps
     logging_strategy: str = flag("steps", "When to log the train loss.", STRATEGIES)
@@ -123,21 +121,20 @@ class TrainingArguments:
         if global_batch % (per_device * world_size):
             raise ConfigError(
                 f"the checkpoint's global batch of {global_batch} ({saved['world_size']} processes x "
-                f"{saved['per_device_train_batch_size']} x {saved['gradient_accumulation_steps']} accumulation "
-                f"steps) cannot be made from --per_device_train_batch_size {per_device} on {world_size} processes; "
-                f"pick a batch size that, times {world_size}, divides {global_batch}"
+                f"{saved['per_device_train_batch_size']} x {saved['gradient_accumulation_steps']} "
+                f"accumulation steps) cannot be made from --per_device_train_batch_size {per_device} on "
+                f"{world_size} processes; pick a batch size that, times {world_size}, divides {global_batch}"
             )
         return global_batch // (per_device * world_size)
 
 
 def check_fsdp_settings(args: TrainingArguments) -> None:
-    """DDP's own settings mean nothing under FSDP: refused rather than silently ignored; so is an older torch,
-    whose FSDP2 trains to other weights."""
-    ddp_only = {"ddp_find_unused_parameters": False, "ddp_bucket_cap_mb": None, "ddp_broadcast_buffers": False}
-    for name, default in ddp_only.items():
-        if getattr(args, name) != default:
-            raise ConfigError(f"--{name} {getattr(args, name)} is a DDP setting, which --fsdp does not use; leave it "
-                              f"at {default} or train without --fsdp")
+    """Refuse, rather than silently ignore, DDP's own settings; and a torch whose FSDP2 trains otherwise."""
+    for name in ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers"):
+        value, default = getattr(args, name), TrainingArguments.__dataclass_fields__[name].default
+        if value != default:
+            raise ConfigError(f"--{name} {value} is a DDP setting, which --fsdp does not use; "
+                              f"leave it at {default} or train without --fsdp")
     if torch.__version__ < FSDP_SINCE:
-        raise ConfigError(f"--fsdp needs torch {FSDP_SINCE} or newer (this is {torch.__version__}, on which FSDP2 "
-                          "trains to other weights); upgrade torch or train without --fsdp")
+        raise ConfigError(f"--fsdp needs torch {FSDP_SINCE} or newer (this is {torch.__version__}, on which "
+                          "FSDP2 trains to other weights); upgrade torch or train without --fsdp")
