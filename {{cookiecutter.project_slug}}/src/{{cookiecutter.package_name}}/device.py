@@ -1,4 +1,4 @@
-"""This process's device and precision: chosen from the flags and the GPU, and pinned before anything uses CUDA."""
+"""This process's device and precision, chosen from the flags and the GPU."""
 
 from __future__ import annotations
 
@@ -18,29 +18,20 @@ class DeviceSettings:
     precision: str  # "bf16", "fp16" or "no"
 
 
-def resolve_device_settings(
-    mixed_precision: str,
-    *,
-    fp16: bool = False,
-    bf16: bool = False,
-    use_cpu: bool = False,
-    ddp_backend: str | None = None,
-    cuda_available: bool | None = None,
-    bf16_supported: bool | None = None,
-) -> DeviceSettings:
-    """Choose device, DDP backend and precision; refuse the combinations that silently misbehave.
-
-    `--fp16`/`--bf16` given directly win over `--mixed_precision auto`. fp16 on CPU is refused:
-    there it silently runs in fp32. Only queries: bf16 support is read from this process's GPU
-    (LOCAL_RANK) without pinning it, so argument parsing and the preflight can call this anywhere.
-    """
+def resolve_device_settings(mixed_precision: str, *, fp16: bool = False, bf16: bool = False,
+                            use_cpu: bool = False, ddp_backend: str | None = None,
+                            cuda_available: bool | None = None,
+                            bf16_supported: bool | None = None) -> DeviceSettings:
+    """Choose device, DDP backend and precision; refuse the combinations that silently misbehave. Only
+    queries the GPU (LOCAL_RANK's, unpinned), so that argument parsing and the preflight run anywhere."""
     if mixed_precision not in ("auto", "bf16", "fp16", "no"):
         raise ConfigError(f"--mixed_precision {mixed_precision!r}: use auto, bf16, fp16 or no")
     if fp16 and bf16:
         raise ConfigError("--fp16 and --bf16 are both set; pick one (or use --mixed_precision)")
     explicit = "fp16" if fp16 else "bf16" if bf16 else None
     if explicit and mixed_precision not in ("auto", explicit):
-        raise ConfigError(f"--{explicit} contradicts --mixed_precision {mixed_precision}; pass only one of them")
+        raise ConfigError(f"--{explicit} contradicts --mixed_precision {mixed_precision}; "
+                          "pass only one of them")
 
     if cuda_available is None:
         cuda_available = torch.cuda.is_available()
@@ -49,18 +40,19 @@ def resolve_device_settings(
     precision = explicit or mixed_precision
     if on_gpu and precision in ("auto", "bf16"):
         if bf16_supported is None:
-            bf16_supported = gpu_has_native_bf16(TorchrunEnv.read().local_rank)
+            # Not torch.cuda.is_bf16_supported(): it reads the current device (GPU 0 until a rank pins its
+            # own) and counts emulation (V100 and T4 "support" bf16, slowly). Every ROCm GPU computes in bf16.
+            local_rank = TorchrunEnv.read().local_rank
+            bf16_supported = bool(torch.version.hip) or torch.cuda.get_device_capability(local_rank) >= (8, 0)
         if precision == "bf16" and not bf16_supported:
-            raise ConfigError("--mixed_precision bf16: this GPU has no native bf16 (V100 and T4 only emulate it, "
-                             "slowly); use --mixed_precision fp16 or auto")
+            raise ConfigError("--mixed_precision bf16: this GPU has no native bf16 (V100 and T4 only emulate "
+                              "it, slowly); use --mixed_precision fp16 or auto")
         precision = "bf16" if bf16_supported else "fp16"
     if precision == "auto":  # on CPU
         precision = "no"
     if precision == "fp16" and not on_gpu:
-        raise ConfigError(
-            "--mixed_precision fp16 needs a CUDA GPU: on CPU it would silently run in fp32; "
-            "use --mixed_precision no (or bf16)"
-        )
+        raise ConfigError("--mixed_precision fp16 needs a CUDA GPU: on CPU it would silently run in fp32; "
+                          "use --mixed_precision no (or bf16)")
     if ddp_backend is None and TorchrunEnv.read().world_size > 1:
         ddp_backend = "nccl" if on_gpu else "gloo"
     return DeviceSettings(use_cpu=not on_gpu, ddp_backend=ddp_backend, precision=precision)
@@ -72,26 +64,11 @@ def autocast(device: torch.device, precision: str) -> torch.autocast:
     return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
 
-def gpu_has_native_bf16(index: int) -> bool:
-    """A query of the GPU's compute capability (8.0, Ampere, and up), claiming no GPU and starting no kernel.
-
-    Not torch.cuda.is_bf16_supported(): that reads the *current* device, GPU 0 until a rank pins its
-    own, and with emulation counted, V100 and T4 "support" bf16, slowly.
-    """
-    if torch.version.hip:
-        return True  # every ROCm GPU torch supports computes in bf16
-    return torch.cuda.get_device_capability(index) >= (8, 0)
-
-
 def select_device(use_cpu: bool, several_gpus: str = "refuse") -> torch.device:
-    """This rank's device, pinned as the current CUDA device before anything else touches CUDA.
-
-    NCCL binds to the current GPU: unpinned, every rank would use GPU 0. A run's setup calls this,
-    never argument parsing, so that a one-process check (preflight, doctor) can parse the same flags
-    on a node of 8 GPUs. One process without torchrun and several visible GPUs: training refuses
-    (several_gpus="refuse"): the Trainer would wrap the model in DataParallel (a batch per GPU, no
-    DDP) and the native loop would use GPU 0 alone. Prediction takes the first (several_gpus="first").
-    """
+    """This rank's device, pinned as the current CUDA device before anything else touches CUDA: NCCL binds
+    to it (unpinned, every rank would use GPU 0). Several GPUs in one process without torchrun: training
+    refuses ("refuse"), as the Trainer would wrap the model in DataParallel and the native loop use GPU 0
+    alone; predict takes the first."""
     if use_cpu or not torch.cuda.is_available():
         return torch.device("cpu")
     count, launch = torch.cuda.device_count(), TorchrunEnv.read()
@@ -99,6 +76,7 @@ def select_device(use_cpu: bool, several_gpus: str = "refuse") -> torch.device:
         if several_gpus == "refuse":
             raise ConfigError(f"{count} GPUs are visible to one process: start one process per GPU with "
                               "scripts/train_single_node.sh (torchrun), or set CUDA_VISIBLE_DEVICES=0")
-        logging.getLogger(__package__).info("%d GPUs are visible to this one process: it uses cuda:0 alone", count)
+        logging.getLogger(__package__).info("%d GPUs are visible to this one process: it uses cuda:0 alone",
+                                            count)
     torch.cuda.set_device(launch.local_rank)
     return torch.device("cuda", launch.local_rank)

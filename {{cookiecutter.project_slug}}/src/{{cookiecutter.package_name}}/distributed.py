@@ -1,6 +1,5 @@
-"""Processes in step: torchrun's process group, logging per rank, the first rank first, evaluation and
-prediction sharded over the ranks (on FSDP's weights gathered whole), the gradient check, and one error
-line per node."""
+"""Processes in step: the process group, logging per rank, rank 0 first, sharded evaluation and prediction,
+the gradient check, and one error line per node."""
 
 from __future__ import annotations
 
@@ -26,78 +25,51 @@ from .config import ConfigError
 from .device import DeviceSettings, autocast, select_device
 from .torchrun import TorchrunEnv
 
-# How long a process other than the first of its node waits before it exits on a bad setting (print_error).
-ERROR_GRACE_SECONDS = 5
 
-
-def start_distributed(settings: DeviceSettings, timeout_seconds: int, several_gpus: str = "refuse") -> torch.device:
-    """The run's setup, for the loops, predict and the doctor: pin this rank's device, then join torchrun's
-    process group (when WORLD_SIZE > 1 and it is not joined yet). Returns the device.
-
-    The settings are logged first: if joining the group hangs, the log says what it was waiting for.
-    """
+def start_distributed(settings: DeviceSettings, timeout_seconds: int,
+                      several_gpus: str = "refuse") -> torch.device:
+    """The run's setup: pin this rank's device, then join torchrun's process group (when WORLD_SIZE > 1 and
+    it is not joined yet). Logged first, so that a hang in joining shows what it waited for."""
     device, world_size = select_device(settings.use_cpu, several_gpus), TorchrunEnv.read().world_size
     logging.getLogger(__package__).info("world size %d, device %s, backend %s, precision %s", world_size,
                                         device, settings.ddp_backend, settings.precision)
     if world_size > 1 and not dist.is_initialized():
-        start_process_group(settings.ddp_backend, timeout_seconds, device)
+        # device_id: NCCL sets up its communicator at once on this rank's GPU, instead of guessing lazily at
+        # the first collective (and warning at every barrier).
+        dist.init_process_group(backend=settings.ddp_backend, timeout=timedelta(seconds=timeout_seconds),
+                                device_id=device if device.type == "cuda" else None)
     return device
 
 
-def start_process_group(backend: str | None, timeout_seconds: int, device: torch.device) -> None:
-    """Join torchrun's process group, with --ddp_timeout and this rank's GPU bound to it (device_id).
-
-    Bound at start, NCCL sets up its communicator at once on the right GPU, instead of guessing
-    lazily at the first collective (and warning at every barrier).
-    """
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_seconds),
-                            device_id=device if device.type == "cuda" else None)
-
-
 def agree_on_precision(precision: str) -> None:
-    """Refuse ranks that chose different precisions (a cluster mixing GPU types).
-
-    Their gradients would be averaged at different scales (fp16 with a GradScaler, bf16 without) and
-    the weights would drift apart; the gradient check cannot see it, as it runs after the all-reduce.
-    """
+    """Refuse ranks that chose different precisions: their gradients would be averaged at different scales
+    (fp16 with a GradScaler, bf16 without), which the gradient check, after the all-reduce, cannot see."""
     if not is_distributed():
         return
     chosen = [None] * dist.get_world_size()
     dist.all_gather_object(chosen, precision)
     if len(set(chosen)) > 1:
         ranks = ", ".join(f"rank {rank}: {value}" for rank, value in enumerate(chosen))
-        raise ConfigError(f"the ranks chose different precisions ({ranks}), as on a cluster mixing GPU types; "
-                          "pass --mixed_precision fp16 (or no) so that every rank trains alike")
+        raise ConfigError(f"the ranks chose different precisions ({ranks}), as on a cluster mixing GPU "
+                          "types; pass --mixed_precision fp16 (or no) so that every rank trains alike")
 
 
 def print_error(message: str) -> None:
-    """Print a bad setting as one `error:` line: once per node under torchrun, where every rank found it.
-
-    Not on rank 0 alone: files can differ between nodes, and a node's own problem must show. The node's
-    other processes then wait a little before they exit: torchrun stops every process as soon as the first
-    one ends, and the first process of the node, if it found the problem too, must have printed it by then.
-    """
+    """Print a bad setting as one `error:` line per node (each node's first process): files can differ
+    between nodes, so rank 0 alone could hide a node's own problem. torchrun stops every process once the
+    first one ends: the node's other processes wait a little, so that its first one has printed by then."""
     launch = TorchrunEnv.read()
     if launch.local_rank == 0:
         print(f"error: {message}", file=sys.stderr)
     elif launch.world_size > 1:
-        time.sleep(ERROR_GRACE_SECONDS)
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on: what the scheduler allows (SLURM's --cpus-per-task, a container's
-    cpuset), not the machine's cores."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        time.sleep(5)
 
 
 def default_dataloader_workers() -> int:
-    """Loader processes per rank: this process's share of the CPUs it may run on, less one for itself, at most 4.
-
-    The share counts what the scheduler allows (SLURM's --cpus-per-task, a container's cpuset), not
-    the machine's cores; a fixed 4 oversubscribes small machines, and PyTorch warns about it.
-    """
-    per_process = usable_cpus() // TorchrunEnv.read().local_world_size
-    return max(0, min(4, per_process - 1))
+    """Loader processes per rank: its share of the CPUs, less one for itself, at most 4 (a fixed 4
+    oversubscribes small machines). The CPUs it may run on: SLURM's --cpus-per-task, a container's cpuset."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(0, min(4, cpus // TorchrunEnv.read().local_world_size - 1))
 
 
 def is_distributed() -> bool:
@@ -106,15 +78,14 @@ def is_distributed() -> bool:
 
 
 def length_sorted_shard(lengths: list[int], rank: int, world_size: int) -> np.ndarray:
-    """The row indices rank `rank` evaluates or predicts: every world_size-th row of the rows sorted longest
-    first. Similar lengths share a batch (little padding), and no row is taken twice: a
-    DistributedSampler would repeat rows to even out the ranks, and count them twice."""
+    """The rows `rank` evaluates: every world_size-th row, longest first (a batch needs little padding).
+    Not a DistributedSampler: it repeats rows to even out the ranks, which would count them twice."""
     return np.argsort(-np.asarray(lengths), kind="stable")[rank::world_size]
 
 
 def gather_shards(indices: np.ndarray, total: int, *columns: np.ndarray) -> list[np.ndarray] | None:
-    """On rank 0, each column of every rank's shard put back at its rows (one array per column, `total`
-    rows, in row order); None on the other ranks. Every rank of the group must call it."""
+    """On rank 0, each column with every rank's shard put back at its rows (`total` rows); None elsewhere.
+    Every rank calls it."""
     shares = [(indices, columns)]
     if is_distributed():
         shares = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
@@ -135,9 +106,8 @@ def gather_shards(indices: np.ndarray, total: int, *columns: np.ndarray) -> list
 @torch.no_grad()
 def sharded_forward(model: torch.nn.Module, rows: datasets.Dataset, batches: Callable, device: torch.device,
                     precision: str) -> tuple[np.ndarray, np.ndarray | None, float] | None:
-    """Evaluation's and predict's loop: each rank runs its length_sorted_shard through batches(shard), and
-    rank 0 returns every row's logits in row order, with the labels and summed loss of labelled rows (else
-    None and 0.0). The other ranks return None. Every rank of the group must call it."""
+    """Evaluation's and predict's loop, called by every rank on its length_sorted_shard. Rank 0 returns every
+    row's logits, with the labels and summed loss of labelled rows (else None and 0.0); the others None."""
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if is_distributed() else (0, 1)
     model.eval()  # no dropout: the same row gives the same logits every time
     mine = length_sorted_shard(rows["length"], rank, world_size)
@@ -165,9 +135,8 @@ def sharded_forward(model: torch.nn.Module, rows: datasets.Dataset, batches: Cal
 
 @contextlib.contextmanager
 def whole_weights(model: torch.nn.Module) -> Iterator[None]:
-    """Inside, every rank holds the whole weights (in the compute dtype), and a forward pass communicates
-    nothing: evaluation and prediction then run any number of batches on each rank, as without FSDP.
-    Outside, the weights are sharded again. Without FSDP, nothing to do."""
+    """Inside, every rank holds FSDP's whole weights and a forward communicates nothing, so ranks may run
+    different numbers of evaluation batches. Outside, the weights are sharded again."""
     modules = [module for module in model.modules() if isinstance(module, FSDPModule)]
     for module in modules:
         module.set_reshard_after_forward(False, recurse=False)
@@ -177,13 +146,13 @@ def whole_weights(model: torch.nn.Module) -> Iterator[None]:
     finally:
         for module in modules:
             module.reshard()
-            # fully_shard's defaults: the blocks reshard after forward, the root keeps its weights until backward.
+            # fully_shard's defaults: blocks reshard after forward, the root keeps its weights until backward.
             module.set_reshard_after_forward(module is not model, recurse=False)
 
 
 def gathered_on_rank0(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The tensors of a state_dict whole, in fp32 as trained, on rank 0's CPU; {} on the other ranks.
-    One all-gather per sharded tensor, so one whole tensor at a time is on the device. Every rank calls it."""
+    """A state_dict's tensors whole, in fp32 as trained, on rank 0's CPU ({} elsewhere), one at a time on
+    the device. Every rank calls it."""
     rank, whole = dist.get_rank(), {}
     for name, tensor in state.items():
         if isinstance(tensor, DTensor):
@@ -194,16 +163,13 @@ def gathered_on_rank0(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 
 def setup_logging(is_main_process: bool) -> None:
-    """Log progress from rank 0; the other ranks report warnings and errors only. No progress bars of
-    the libraries but the data set's tokenising, on a terminal."""
-    logging.basicConfig(
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        handlers=[logging.StreamHandler(sys.stdout)],
-    )
+    """Progress from rank 0, warnings and errors from the others; of the libraries' progress bars only the
+    data set's tokenising, on a terminal."""
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
+                        stream=sys.stdout)
     logging.getLogger(__package__).setLevel(logging.INFO if is_main_process else logging.WARNING)
     transformers.utils.logging.set_verbosity(logging.WARNING if is_main_process else logging.ERROR)
-    transformers.utils.logging.disable_progress_bar()  # a bar per weight load and checkpoint save, on every rank
+    transformers.utils.logging.disable_progress_bar()  # a bar per weight load and save, on every rank
     datasets.utils.logging.set_verbosity(logging.WARNING if is_main_process else logging.ERROR)
     if not (is_main_process and sys.stderr.isatty()):  # bar fragments would fill log files
         datasets.disable_progress_bars()
@@ -211,11 +177,8 @@ def setup_logging(is_main_process: bool) -> None:
 
 @contextlib.contextmanager
 def main_process_first() -> Iterator[None]:
-    """Let rank 0 run the block first; the other ranks then read its cache.
-
-    Global, not per node: on a cache that nodes share, each node's first rank writing the same Arrow
-    files at once would race. With per-node caches the other nodes simply build theirs after.
-    """
+    """Rank 0 runs the block first; the others then read its cache. Global, not per node: the first ranks
+    of nodes sharing a cache would race writing the same Arrow files."""
     rank = TorchrunEnv.read().rank
     synchronised = dist.is_available() and dist.is_initialized()
     if synchronised and rank != 0:
@@ -229,19 +192,17 @@ def main_process_first() -> Iterator[None]:
 
 @torch.no_grad()
 def assert_gradients_synchronised(model: torch.nn.Module) -> None:
-    """After the first backward, compare each trainable parameter's gradient sum across ranks: DDP has
-    averaged them, so they are equal wherever it did. A parameter without a gradient counts as NaN.
-
-    Costs one all_gather, so call it once, not every step.
-    """
+    """After the first backward, each trainable parameter's gradient sum must be equal on every rank, as DDP
+    averaged them (no gradient counts as NaN). One all_gather: call it once, not every step."""
     if not is_distributed():
         return
     # FSDP's gradients are shards (DTensors), different on each rank by design: not compared here.
-    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad and not isinstance(p, DTensor)]
+    named = [(name, p) for name, p in model.named_parameters()
+             if p.requires_grad and not isinstance(p, DTensor)]
     if not named:
         return
-    sums = torch.stack([p.grad.double().sum() if p.grad is not None else torch.full((), math.nan,
-                        dtype=torch.float64, device=p.device) for _, p in named])
+    nan = torch.tensor(math.nan, dtype=torch.float64)
+    sums = torch.stack([p.grad.double().sum() if p.grad is not None else nan.to(p.device) for _, p in named])
     gathered = [torch.empty_like(sums) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, sums)
     for rank, other in enumerate(gathered[1:], start=1):
@@ -249,34 +210,31 @@ def assert_gradients_synchronised(model: torch.nn.Module) -> None:
         if not same.all():
             differ = [name for (name, _), equal in zip(named, same.tolist(), strict=True) if not equal]
             raise RuntimeError(f"gradients differ between rank 0 and rank {rank} after the first step, in "
-                               f"{some_of(differ)}: DDP did not average them. {why_not_averaged(named, gathered)}")
+                               f"{some_of(differ)}: DDP did not average them. "
+                               f"{why_not_averaged(named, gathered)}")
 
 
 def why_not_averaged(named: list[tuple[str, torch.nn.Parameter]], gathered: list[torch.Tensor]) -> str:
-    """What can leave gradients unaveraged under DDP, for assert_gradients_synchronised's message."""
     missing = torch.stack(gathered).isnan().any(dim=0).tolist()
     gradientless = [name for (name, _), none in zip(named, missing, strict=True) if none]
     if gradientless:
-        return (f"{some_of(gradientless)} got no gradient on some rank: DDP all-reduces a bucket of gradients only "
-                "once every parameter in it has one. A model whose forward skips parameters on some inputs needs "
-                "--ddp_find_unused_parameters true")
-    return ("Every parameter got a gradient, so DDP skipped no bucket: were parameters made trainable after the "
-            "model was wrapped in DDP, or gradients changed after backward on one rank only?")
+        return (f"{some_of(gradientless)} got no gradient on some rank: DDP all-reduces a bucket of "
+                "gradients only once every parameter in it has one. A model whose forward skips parameters "
+                "on some inputs needs --ddp_find_unused_parameters true")
+    return ("Every parameter got a gradient, so DDP skipped no bucket: were parameters made trainable after "
+            "the model was wrapped in DDP, or gradients changed after backward on one rank only?")
 
 
 def some_of(names: list[str], shown: int = 6) -> str:
     """Parameter names for a message: the first few, and how many more."""
-    text = ", ".join(names[:shown])
-    return f"{len(names)} parameter tensor(s) ({text}{f' and {len(names) - shown} more' if len(names) > shown else ''})"
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{len(names)} parameter tensor(s) ({', '.join(names[:shown])}{more})"
 
 
 def cleanup_distributed() -> None:
-    """Destroy the process group once nothing holds it any more.
-
-    DDP keeps the group alive through reference cycles; freed only at interpreter exit, after the
-    group, gloo's threads can abort the process ("terminate called without an active exception").
-    Callers drop their DDP wrappers first; the collection here frees the cycles.
-    """
+    """Destroy the process group once nothing holds it. DDP's reference cycles keep it alive; freed at exit,
+    after the group, gloo's threads can abort ("terminate called without an active exception"). Callers
+    drop their DDP wrappers first; gc frees the cycles."""
     gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

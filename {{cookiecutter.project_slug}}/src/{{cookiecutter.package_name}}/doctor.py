@@ -1,18 +1,6 @@
-"""Cluster checks: a job's ranks started as train starts them, and compared; nothing is trained.
-One PASS, WARN, FAIL or SKIP line per check; exit status 1 on a FAIL. On every node, with train's
-CONFIG and flags:
-
-    MODULE=<package>.doctor NODE_RANK=0 MASTER_ADDR=node-a scripts/train_multi_node.sh configs/default.yaml
-
-Each node checks its GPUs against its processes; then the ranks start the process group as train
-does (every rank connecting to the store at MASTER_ADDR:MASTER_PORT) and check what no node sees
-alone: an all_reduce's round trip and bandwidth, the same torch, CUDA and NCCL on every rank, and one
-output_dir that every rank writes and sees the others' files in. In one process it checks the GPUs
-against NPROC_PER_NODE and that output_dir is writable.
-
-The command line is train's, read by its parser (config.parse_args): one that train refuses ends here
-with train's `error:` line and exit status 2. The parser only checks that data and a model are named;
-the doctor reads neither. The GPUs are only queried, until the process group pins one per rank.
+"""Cluster checks: a job's ranks started as train starts them (MODULE=<package>.doctor in a launch script,
+with train's CONFIG and flags), and compared; nothing is trained. One PASS, WARN, FAIL or SKIP line per
+check (the README's table lists them); exit status 1 on a FAIL, 2 on a command line train refuses.
 """
 
 from __future__ import annotations
@@ -23,6 +11,7 @@ import socket
 import statistics
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -48,9 +37,6 @@ class Result:
     status: str  # PASS, WARN (training runs, but look), FAIL (training would stop or hang), SKIP
     check: str
     detail: str
-
-    def line(self) -> str:
-        return f"{self.status}  {self.check}: {self.detail}"
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
@@ -82,7 +68,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
 def show(results: list[Result]) -> list[Result]:
     for result in results:
-        print(result.line(), flush=True)
+        print(f"{result.status}  {result.check}: {result.detail}", flush=True)
     return results
 
 
@@ -90,7 +76,7 @@ def finish(results: list[Result], env: TorchrunEnv, group_works: bool = False) -
     """Exit 1 if a check failed (on any rank, where the group works); rank 0 prints the verdict."""
     counts = [sum(result.status == status for result in results) for status in ("FAIL", "WARN")]
     if group_works:
-        totals = torch.tensor(counts, device=collective_device())
+        totals = torch.tensor(counts, device="cuda" if dist.get_backend() == "nccl" else "cpu")
         dist.all_reduce(totals)  # also keeps every rank alive until all have printed their lines
         counts = totals.tolist()
     failed, warned = counts
@@ -103,19 +89,11 @@ def finish(results: list[Result], env: TorchrunEnv, group_works: bool = False) -
     raise SystemExit(1 if failed else 0)
 
 
-def node_label(env: TorchrunEnv) -> str:
-    """' (node N, host)' when the job spans several nodes, so that each node's lines can be told apart."""
-    several_nodes = env.world_size > env.local_world_size
-    return f" (node {env.node_rank}, {socket.gethostname()})" if several_nodes else ""
-
-
-# ---- this node: its GPUs --------------------------------------------------------------------------------
-
-
 def check_gpus(env: TorchrunEnv, settings: DeviceSettings) -> Result:
     """The GPUs visible here against the processes on this node (a rank without one fails to start), and
     the precision train picks on them."""
-    name = f"GPUs{node_label(env)}"
+    several_nodes = env.world_size > env.local_world_size  # then each node's line names it
+    name = f"GPUs (node {env.node_rank}, {socket.gethostname()})" if several_nodes else "GPUs"
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
         hint = "; torch is a CUDA build: check nvidia-smi, CUDA_VISIBLE_DEVICES" if torch.version.cuda else ""
@@ -136,20 +114,9 @@ def check_gpus(env: TorchrunEnv, settings: DeviceSettings) -> Result:
 
 
 def describe_gpus(count: int) -> str:
-    names = []
-    for index in range(count):
-        properties = torch.cuda.get_device_properties(index)
-        names.append(f"{properties.name} ({properties.total_memory / 2**30:.0f} GiB, capability "
-                     f"{properties.major}.{properties.minor})")
-    return ", ".join(f"{names.count(name)} x {name}" for name in dict.fromkeys(names))
-
-
-# ---- the ranks together: the backend, then what rank 0 compares across ranks ----------------------------
-
-
-def collective_device() -> torch.device:
-    on_gpu = dist.get_backend() == "nccl"
-    return torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    names = [f"{gpu.name} ({gpu.total_memory / 2**30:.0f} GiB, capability {gpu.major}.{gpu.minor})"
+             for gpu in map(torch.cuda.get_device_properties, range(count))]
+    return ", ".join(f"{number} x {name}" for name, number in Counter(names).items())
 
 
 def start_backend(env: TorchrunEnv, settings: DeviceSettings, ddp_timeout: int) -> Result:
@@ -177,10 +144,9 @@ def start_backend(env: TorchrunEnv, settings: DeviceSettings, ddp_timeout: int) 
     # The group's env:// rendezvous connected every rank to MASTER_ADDR:MASTER_PORT (the workers' store).
     store = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
     return Result("PASS", "backend", f"{backend} started in {startup:.3g} s on {env.world_size} ranks, all "
-                                     f"connected to the store at {store}; "
-                                     f"all_reduce round trip {round_trip * 1e3:.2f} ms (4 bytes), "
-                                     f"{size // 2**20} MiB in {seconds * 1e3:.1f} ms: "
-                                     f"bus bandwidth {bus_bandwidth / 1e9:.2f} GB/s")
+                                     f"connected to the store at {store}; all_reduce round trip "
+                                     f"{round_trip * 1e3:.2f} ms (4 bytes), {size // 2**20} MiB in "
+                                     f"{seconds * 1e3:.1f} ms: bus bandwidth {bus_bandwidth / 1e9:.2f} GB/s")
 
 
 def timed_all_reduce(tensor: torch.Tensor, rounds: int) -> list[float]:
