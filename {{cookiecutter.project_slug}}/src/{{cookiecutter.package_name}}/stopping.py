@@ -1,11 +1,11 @@
-"""Stopping on SIGTERM: every rank saves the step they all reach, and loader workers live until their rank ends them.
+"""Stopping on SIGTERM: the ranks save the step they all reach; loader workers live until their rank ends.
 
 SLURM signals every process of a job step, loader workers too, and PyTorch's loader workers die of a SIGTERM
 that does not come from their parent: the run would end with "DataLoader worker is killed by signal:
-Terminated" before it saves. So loader workers ignore a SIGTERM from anyone but their parent, and one forked
-as it comes gets it once it ignores it. Their parent's must still end them: at exit, and after any error (a
-peer's death, a bug in a step), multiprocessing stops its loader workers with SIGTERM and waits for them, and
-a worker that ignored it would keep its rank alive forever, and torchrun from restarting it.
+Terminated" before it saves. So loader workers ignore a SIGTERM from anyone but their parent, and one that
+comes while a worker is forked waits until it does. Their parent's must still end them: at exit, and after any
+error (a peer's death, a bug in a step), multiprocessing stops its loader workers with SIGTERM and waits for
+them, and a worker that ignored it would keep its rank alive forever, and torchrun from restarting it.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def _default_sigterm_unless_held() -> None:
 
 @functools.cache  # once: the handlers then run at every fork
 def fork_loader_workers_immune_to_sigterm() -> None:
-    """From now on every loader worker this process forks starts with SIGTERM blocked, until its
-    worker_init_fn (keep_through_sigterm) takes over: a SIGTERM that comes during the fork waits for it.
+    """From now on every loader worker this process forks starts with SIGTERM blocked: one that comes
+    during the fork waits until the worker's worker_init_fn (keep_through_sigterm) takes it over.
 
     Other forks start with SIGTERM unblocked and its default action, not the StopRequest's handler:
     datasets' map(num_proc=...) ends its processes with it (Pool.terminate), and one that ignored it

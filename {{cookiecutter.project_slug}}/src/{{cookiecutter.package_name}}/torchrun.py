@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
         run_torchrun(fork_workers_from_here(argv))
     except WorkersStopped as stopped:
         statuses = stopped.statuses
-        unsaved = [f"{pid} ({describe(status)})" for pid, status in statuses.items() if status != STOPPED_EXIT_CODE]
+        unsaved = [f"{pid} ({describe(status)})" for pid, status in statuses.items()
+                   if status != STOPPED_EXIT_CODE]
         if not statuses:
             print("torchrun: stopped by SIGTERM before any worker started: nothing was saved", file=sys.stderr)
             raise SystemExit(1) from None
