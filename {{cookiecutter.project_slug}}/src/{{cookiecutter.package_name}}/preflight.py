@@ -1,14 +1,10 @@
 """Check a run's settings and data in one process, before torchrun starts any worker.
 
-The launch scripts set PREFLIGHT_WORLD_SIZE, the number of processes the launch will start, and the
-launcher (torchrun.py) runs this in a fork of itself, with the train module's own arguments, before it
-forks the workers: the imports are paid once, for the check and the workers. A bad flag value, a missing
-file or column, a tokenizer with nothing to pad with, LoRA layers or gradient checkpointing the model does
-not have, labels that do not fit the model or the checkpoint the run would resume, a checkpoint this
-many processes cannot resume, or a global batch larger than the data then end there with one `error:`
-line and exit status 2, instead of in every worker followed by torchrun's traceback. The workers check
-the same things again as they go (their files may differ from this node's). PREFLIGHT=0 in the launch
-scripts skips this step; `python -m <package>.preflight CONFIG [--flag value ...]` runs it alone.
+The launcher (torchrun.py) runs this in a fork of itself, with the train module's arguments, for the
+PREFLIGHT_WORLD_SIZE processes the launch scripts will start: a bad setting, missing data, a model or a
+checkpoint that does not fit then ends with one `error:` line and exit status 2, not in every worker and
+torchrun's traceback. The workers check the same things again (their files may differ from this node's).
+`python -m <package>.preflight CONFIG [--flag value ...]` runs it alone.
 """
 
 from __future__ import annotations
@@ -44,9 +40,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments, world_size: int) -> None:
-    # Parsing checked the batch sizes and steps (check_training_settings); the precision the GPUs of this
-    # node support is queried, without claiming one (this runs in a fork: the launcher stays clear of CUDA).
-    # The loops call the same functions.
+    # Parsing checked the batch sizes and steps; the loops call the same functions. The precision this
+    # node's GPUs support is queried without claiming one (in a fork: the launcher stays clear of CUDA).
     settings = resolve_device_settings(args.mixed_precision, fp16=args.fp16, bf16=args.bf16, use_cpu=args.use_cpu,
                                        ddp_backend=args.ddp_backend)
     check_local_path(model_args.tokenizer_name or model_args.model_name_or_path)

@@ -14,11 +14,8 @@ CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 
 
 def complete_checkpoints(output_dir: str | Path, last_file: str) -> list[Path]:
-    """The checkpoint-N folders of output_dir that hold last_file, oldest first.
-
-    last_file is what the loop writes last into a checkpoint (training_args.CHECKPOINT_LAST_FILE), so a
-    save cut short never counts. Both loops and the preflight find checkpoints here.
-    """
+    """The checkpoint-N folders of output_dir that hold last_file, oldest first: last_file is what the loop
+    writes last into a checkpoint, so a save cut short never counts."""
     folder = Path(output_dir)
     if not folder.is_dir():
         return []
@@ -43,21 +40,21 @@ def agree_on_resume_checkpoint(explicit: str | None, output_dir: str, last_file:
     Rank 0 decides and every rank takes its answer: ranks that resumed from different steps would
     wait on each other forever. Then every rank checks that it can read that checkpoint, and all fail
     together: a rank failing alone would leave the others waiting until --ddp_timeout.
-    In one process (the preflight) it is the same choice and the same check.
     """
-    newest = complete_checkpoints(output_dir, last_file)[-1:] if explicit is None else []
-    chosen = [Path(explicit) if explicit is not None else (newest[0] if newest else None)]
+    found = [Path(explicit)] if explicit is not None else complete_checkpoints(output_dir, last_file)
+    chosen = found[-1:] or [None]
     if is_distributed():
         dist.broadcast_object_list(chosen, src=0)
     checkpoint = chosen[0]
-    problems = [None if checkpoint is None else checkpoint_problem(checkpoint, last_file)]
+    problem = None if checkpoint is None else checkpoint_problem(checkpoint, last_file)
+    problems = [problem]
     if is_distributed():
-        problem, problems = problems[0], [None] * dist.get_world_size()
+        problems = [None] * dist.get_world_size()
         dist.all_gather_object(problems, problem)
     if problems[0] is not None:
         flag = "--resume_from_checkpoint" if explicit is not None else "checkpoint"
         raise ConfigError(f"{flag} {str(checkpoint)!r} {problems[0]}")
-    failed = [str(rank) for rank, problem in enumerate(problems) if problem is not None]
+    failed = [str(rank) for rank, theirs in enumerate(problems) if theirs is not None]
     if failed:
         raise ConfigError(
             f"checkpoint {str(checkpoint)!r} is on rank 0 but rank(s) {', '.join(failed)} cannot read it "

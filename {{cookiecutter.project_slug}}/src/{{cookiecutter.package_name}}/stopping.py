@@ -1,4 +1,12 @@
-"""Stopping on SIGTERM: every rank saves the step they all reach, and loader workers live until their rank ends them."""
+"""Stopping on SIGTERM: the ranks save the step they all reach; loader workers live until their rank ends.
+
+SLURM signals every process of a job step, loader workers too, and PyTorch's loader workers die of a SIGTERM
+that does not come from their parent: the run would end with "DataLoader worker is killed by signal:
+Terminated" before it saves. So loader workers ignore a SIGTERM from anyone but their parent, and one that
+comes while a worker is forked waits until it does. Their parent's must still end them: at exit, and after any
+error (a peer's death, a bug in a step), multiprocessing stops its loader workers with SIGTERM and waits for
+them, and a worker that ignored it would keep its rank alive forever, and torchrun from restarting it.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 
 import torch
@@ -18,19 +27,11 @@ _LOADER_MODULE = os.path.join("torch", "utils", "data", "dataloader.py")
 _held = False  # whether _hold_sigterm blocked SIGTERM for the fork under way
 
 
-def _forking_loader_workers() -> bool:
-    """Whether the fork under way starts DataLoader workers: torch's loader iterator is on the stack."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_filename.endswith(_LOADER_MODULE):
-            return True
-        frame = frame.f_back
-    return False
-
-
 def _hold_sigterm() -> None:
     global _held
-    _held = _forking_loader_workers()
+    # The fork under way starts DataLoader workers where torch's loader iterator is on the stack.
+    stack = traceback.walk_stack(sys._getframe())
+    _held = any(frame.f_code.co_filename.endswith(_LOADER_MODULE) for frame, _ in stack)
     if _held:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
@@ -45,35 +46,26 @@ def _default_sigterm_unless_held() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-_forks_hold_sigterm = False
-
-
+@functools.cache  # once: the handlers then run at every fork
 def fork_loader_workers_immune_to_sigterm() -> None:
-    """From now on every loader worker this process forks (those of each epoch) starts with SIGTERM
-    blocked, and its worker_init_fn (keep_through_sigterm) keeps it blocked, ending only on its parent's.
+    """From now on every loader worker this process forks starts with SIGTERM blocked: one that comes
+    during the fork waits until the worker's worker_init_fn (keep_through_sigterm) takes it over.
 
-    SLURM signals every process of a job step. A loader worker forked just then would die of it before
-    its worker_init_fn runs (PyTorch's workers die of a SIGTERM that does not come from their parent),
-    and the run with it, before it saves. Here a SIGTERM that comes during the fork waits for its end.
     Other forks start with SIGTERM unblocked and its default action, not the StopRequest's handler:
     datasets' map(num_proc=...) ends its processes with it (Pool.terminate), and one that ignored it
     would keep the rank waiting forever.
     """
-    global _forks_hold_sigterm
-    if not _forks_hold_sigterm:
-        os.register_at_fork(before=_hold_sigterm, after_in_parent=_release_sigterm,
-                            after_in_child=_default_sigterm_unless_held)
-        _forks_hold_sigterm = True
+    os.register_at_fork(before=_hold_sigterm, after_in_parent=_release_sigterm,
+                        after_in_child=_default_sigterm_unless_held)
 
 
 class StopRequest:
     """SIGTERM asks the run to stop at the next step that every rank reaches, and to save it there.
 
     SLURM sends it to every process of the job step on preemption, requeue or cancel, Kubernetes to
-    torchrun before it evicts a pod, and train_slurm.sbatch to torchrun before a time limit; torchrun
-    (torchrun.py) passes it on to its workers and waits up to 30 s for them to save. The ranks can
-    get it at different steps, so after each step they agree with one tiny all_reduce, on a CPU
-    (gloo) group so that the host never waits for the GPU for it.
+    torchrun before it evicts a pod; torchrun (torchrun.py) passes it on to its workers. The ranks can
+    get it at different steps, so after each step they agree with one tiny all_reduce, on a CPU (gloo)
+    group so that the host never waits for the GPU for it.
     """
 
     def __init__(self) -> None:
@@ -97,16 +89,8 @@ class StopRequest:
 
 
 def keep_through_sigterm(worker_init_fn: Callable[[int], None] | None = None) -> Callable[[int], None]:
-    """A DataLoader worker_init_fn: the loader worker ends on its parent's SIGTERM and ignores anyone else's,
-    then runs worker_init_fn.
-
-    SLURM signals every process of a job step, loader workers too, and PyTorch's workers die of a
-    SIGTERM that does not come from their parent: the run would end with "DataLoader worker is killed
-    by signal: Terminated" before it saves. Their parent's SIGTERM must still end them: at exit, and after
-    any error (a peer's death, a bug in a step), multiprocessing stops its loader workers with SIGTERM and
-    waits for them, and a worker that ignored it would keep its rank alive forever, and torchrun from
-    restarting it. A worker also ends when its parent is gone (PyTorch's own check, every 5 s).
-    """
+    """A DataLoader worker_init_fn: the loader worker ends on its parent's SIGTERM and ignores anyone else's
+    (a worker also ends when its parent is gone: PyTorch's own check, every 5 s), then runs worker_init_fn."""
     return functools.partial(_end_on_parent_sigterm_then, worker_init_fn)
 
 

@@ -1,34 +1,14 @@
-"""torchrun as the launch scripts run it: its workers start with their imports already paid, and a run
-stopped by SIGTERM ends with one line whose exit status says whether the workers saved.
-
-`-m MODULE ARGS` workers are forked from this process once it has imported MODULE (torch, transformers,
-datasets: seconds a process), through torchrun's own `--run-path --start-method fork` with worker.py as
-the script; each then runs `python -m MODULE ARGS` as a new process would (run_module). When
-PREFLIGHT_WORLD_SIZE is set (the launch scripts set it for the train module), the settings and the data
-are first checked for that many processes (preflight.py), in a fork that starts with the same imports: a
-bad setting ends there with one `error:` line and exit status 2, before any worker starts. This process
-never initialises CUDA (a CUDA process cannot be forked safely): it counts GPUs through NVML, and stops
-with one line if anything did. A restart (--max-restarts) forks its workers from here again.
-
-`python -m <package>.torchrun ARGS` is `torchrun ARGS` (torch.distributed.run), but for SIGTERM
-(preemption, a time limit, an eviction, `scancel`). torchrun passes it on to its workers and ends
-with a traceback of some 30 lines, whatever they did. Here the SIGTERM goes to each worker's process
-group as there, and then this process waits (up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s) for the
-workers: if every one saved the step it reached (exit status STOPPED_EXIT_CODE), one line says so and
-this exits with STOPPED_EXIT_CODE too, which tells a scheduler (and train_slurm.sbatch) that the run
-can resume. If every worker had finished the run (exit status 0), it exits 0. Else (a worker that did
-not save, or no worker started yet) it says so and exits 1.
-Every other failure keeps torchrun's own report. (With torch older than 2.9, or no /proc, torchrun
-handles SIGTERM itself once its workers start.)
-
-`TorchrunEnv.read()` is what torchrun tells each worker it starts: the one place the project reads it.
+"""torchrun as the launch scripts run it: `python -m <package>.torchrun ARGS` is `torchrun ARGS`, but the
+workers of `-m MODULE` are forked from this process once it has imported MODULE (and run the preflight),
+and a SIGTERM (preemption, a time limit, an eviction) ends the run with one line and an exit status that
+say whether the workers saved, not with torchrun's 30-line traceback. (With torch older than 2.9, or no
+/proc, torchrun handles SIGTERM itself once its workers start.)
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import gc
 import importlib
 import os
@@ -45,7 +25,8 @@ STOPPED_EXIT_CODE = 128 + signal.SIGTERM
 
 @dataclass(frozen=True)
 class TorchrunEnv:
-    """Which process this is, as torchrun's environment says; a process torchrun did not start is rank 0 of 1."""
+    """Which process this is, as torchrun's environment says (the one place the project reads it); a process
+    torchrun did not start is rank 0 of 1."""
 
     rank: int = 0  # 0 .. world_size - 1, over all nodes
     local_rank: int = 0  # on this node: the GPU this process drives
@@ -83,27 +64,29 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run_torchrun(fork_workers_from_here(argv))
     except WorkersStopped as stopped:
-        unsaved = {pid: status for pid, status in stopped.statuses.items() if status != STOPPED_EXIT_CODE}
-        if not stopped.statuses:
+        statuses = stopped.statuses
+        unsaved = [f"{pid} ({describe(status)})" for pid, status in statuses.items()
+                   if status != STOPPED_EXIT_CODE]
+        if not statuses:
             print("torchrun: stopped by SIGTERM before any worker started: nothing was saved", file=sys.stderr)
             raise SystemExit(1) from None
-        if all(status == 0 for status in stopped.statuses.values()):  # it came as the training ended
-            print(f"torchrun: SIGTERM came as the run ended: all {len(stopped.statuses)} worker(s) here had finished "
-                  "it (exit status 0)", file=sys.stderr)
+        if all(status == 0 for status in statuses.values()):  # it came as the training ended
+            print(f"torchrun: SIGTERM came as the run ended: all {len(statuses)} worker(s) here had finished it "
+                  "(exit status 0)", file=sys.stderr)
             raise SystemExit(0) from None
         if unsaved:
-            print(f"torchrun: stopped by SIGTERM, but worker(s) {describe(unsaved)} did not save the step they "
+            print(f"torchrun: stopped by SIGTERM, but worker(s) {', '.join(unsaved)} did not save the step they "
                   "reached (exit status 143 means saved): the same command resumes from the last checkpoint",
                   file=sys.stderr)
             raise SystemExit(1) from None
-        print(f"torchrun: stopped by SIGTERM: all {len(stopped.statuses)} worker(s) here saved the step they "
-              "reached; the same command resumes there", file=sys.stderr)
+        print(f"torchrun: stopped by SIGTERM: all {len(statuses)} worker(s) here saved the step they reached; "
+              "the same command resumes there", file=sys.stderr)
         raise SystemExit(STOPPED_EXIT_CODE) from None
 
 
 def fork_workers_from_here(argv: list[str]) -> list[str]:
-    """torchrun's ARGS with `-m MODULE ARGS` rewritten to fork the workers from this process, once it has
-    imported MODULE and run the preflight; other entry points (a script, --no-python) are left as they are."""
+    """torchrun's ARGS with `-m MODULE ARGS` rewritten to fork the workers (and their restarts) from this
+    process: `--run-path --start-method fork` with worker.py as the script. A script, or --no-python, stays."""
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # GPUs counted through NVML, not CUDA
     import torch
     from torch.distributed.run import parse_args
@@ -118,9 +101,8 @@ def fork_workers_from_here(argv: list[str]) -> list[str]:
         print(f"error: {__package__}.torchrun initialised CUDA before forking the workers, which would then fail "
               "to use their GPUs: nothing was started", file=sys.stderr)
         raise SystemExit(1)
-    # What is imported by now lasts as long as the workers: frozen out of the collector's sight, it is no
-    # longer scanned by their full collections (up to a second at the end of a run, in
-    # cleanup_distributed), and the memory pages they share with this process stay shared.
+    # What is imported by now lasts as long as the workers: frozen, their full collections skip it (up to a
+    # second at the end of a run), and the memory pages they share with this process stay shared.
     gc.freeze()
     script_at = len(argv) - len(args.training_script_args) - 1  # MODULE, after torchrun's own options
     options = [arg for arg in argv[:script_at] if arg not in ("-m", "--module")]
@@ -133,9 +115,8 @@ _preflight_pid: int | None = None  # while the preflight runs: stop_workers ends
 
 
 def run_preflight(train_args: list[str]) -> None:
-    """`python -m <package>.preflight ARGS` in a fork of this process: it starts with the imports paid, and
-    what it touches (CUDA: the Trainer's arguments query the GPU; the logging set-up) stays out of the
-    process the workers are forked from. A bad setting ends here, with the preflight's one line."""
+    """`python -m <package>.preflight ARGS` in a fork: what it touches (CUDA, for the Trainer's arguments; the
+    logging set-up) stays out of the process the workers are forked from. A bad setting ends here."""
     global _preflight_pid
     flush_output()
     pid = os.fork()
@@ -161,17 +142,12 @@ def run_preflight(train_args: list[str]) -> None:
 
 
 def run_module(argv: list[str]) -> None:
-    """Run `python -m MODULE ARGS` (argv: MODULE ARGS) in this process, forked from this launcher, as a new
-    process would run it: the workers (worker.py) and the preflight.
-
-    A fork starts with its parent's state; here it is put back as a new process has it: a session of its
-    own (as torchrun gives each command it starts: a SIGTERM for the worker reaches its loader workers),
-    default signal handlers, no logging set up, none of the launcher's exit handlers, stdout and stderr
-    written line by line (as `python -u`), torch's threads as OMP_NUM_THREADS says. An exception is
-    printed here, as a command prints it, and ends the process with status 1; SystemExit(0) (`--help`, for
-    one) returns, as a finished run does: torchrun waits for the return value of a worker that exits 0.
-    The exit handlers the module registered run at its end (multiprocessing ends a fork without them).
-    """
+    """Run `python -m MODULE ARGS` (argv: MODULE ARGS) in a fork of this launcher (a worker, the preflight),
+    as a new process would: in a session of its own (as torchrun starts a command: a SIGTERM for the worker
+    reaches its loader workers), with default signal handlers, no logging set up, none of the launcher's
+    exit handlers, output written line by line (`python -u`), torch's threads as OMP_NUM_THREADS says.
+    An exception is printed and ends it with status 1; SystemExit(0) returns (torchrun waits for the return
+    value of a worker that exits 0). The module's exit handlers run at its end (a fork skips them)."""
     import logging
     import runpy
     import traceback
@@ -192,7 +168,7 @@ def run_module(argv: list[str]) -> None:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     sys.argv = list(argv)
     try:
-        with warnings.catch_warnings():  # that MODULE was imported before it runs: the launcher did, on purpose
+        with warnings.catch_warnings():  # that MODULE was imported before it runs: on purpose
             warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
             runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
     except SystemExit as stop:
@@ -216,8 +192,7 @@ def run_torchrun(argv: list[str]) -> None:
     from torch.distributed.launcher.api import LaunchConfig
     from torch.distributed.run import main as torchrun
 
-    if signal.getsignal(signal.SIGTERM) is stop_workers and "signals_to_handle" in {
-            field.name for field in dataclasses.fields(LaunchConfig)}:
+    if signal.getsignal(signal.SIGTERM) is stop_workers and hasattr(LaunchConfig, "signals_to_handle"):
         argv = ["--signals-to-handle=SIGINT,SIGHUP,SIGQUIT", *argv]  # SIGTERM stays stop_workers'
     try:
         torchrun(argv)
@@ -234,7 +209,8 @@ def run_torchrun(argv: list[str]) -> None:
 
 
 def stop_workers(signum: int, frame: object) -> None:
-    """SIGTERM: to each worker's process group, as torchrun sends it; then wait for the workers."""
+    """SIGTERM: to each worker's process group, as torchrun sends it; then wait for the workers, up to
+    TORCH_ELASTIC_SHUTDOWN_TIMEOUT (torchrun's own wait)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once is enough: the workers are stopping
     if _preflight_pid is not None:  # no worker started yet
         with contextlib.suppress(ProcessLookupError):
@@ -251,20 +227,17 @@ def stop_workers(signum: int, frame: object) -> None:
 def child_pids() -> list[int]:
     """This process's children, from /proc (each /proc/PID/stat holds the parent's PID)."""
     children = []
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
-                children.append(int(entry.name))
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):  # a process that ended meanwhile
+            if stat.read_text().rsplit(")", 1)[1].split()[1] == str(os.getpid()):
+                children.append(int(stat.parent.name))
     return children
 
 
 def exit_status(pid: int, deadline: float) -> int | None:
-    """A child's exit status once it has exited (-N if a signal N killed it, as subprocess says), or None at the
-    deadline. A worker killed by the SIGTERM before it could set its handler did not save: -15, never the
-    STOPPED_EXIT_CODE (143) of a worker that saved and exited.
-
-    WNOWAIT leaves the child for torchrun to reap, as it expects to.
-    """
+    """A child's exit status once it has exited (-N if signal N killed it, as subprocess says: a worker the
+    SIGTERM killed before it set its handler did not save), or None at the deadline. WNOWAIT leaves the
+    child for torchrun to reap, as it expects to."""
     while time.monotonic() < deadline:
         try:
             info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
@@ -276,19 +249,15 @@ def exit_status(pid: int, deadline: float) -> int | None:
     return None
 
 
-def describe(statuses: dict[int, int | None]) -> str:
-    def how(status: int | None) -> str:
-        if status is None:
-            return "still running"
-        return f"killed by {signal.Signals(-status).name}" if status < 0 else f"exit status {status}"
-
-    return ", ".join(f"{pid} ({how(status)})" for pid, status in statuses.items())
+def describe(status: int | None) -> str:
+    if status is None:
+        return "still running"
+    return f"killed by {signal.Signals(-status).name}" if status < 0 else f"exit status {status}"
 
 
 def exit_now(code: int | str | None) -> None:
-    """End this process as sys.exit(code) does, without the interpreter's teardown of torch and transformers:
-    over a second at the end of every run on 2 CPU cores, freeing what the process's exit frees anyway. The
-    exit handlers (logging's, temporary folders') run as at a normal exit."""
+    """End this process as sys.exit(code) does, but for the interpreter's teardown of torch and transformers
+    (over a second on 2 CPU cores, freeing what the exit frees anyway); the exit handlers run as usual."""
     atexit._run_exitfuncs()
     with contextlib.suppress(OSError):  # a reader that went away (`| head`) takes no more output
         if isinstance(code, str):
