@@ -180,27 +180,21 @@ def check_local_path(name: str) -> None:
         raise model_not_found(name, "no such folder")
 
 
-def split_config_path(argv: list[str]) -> tuple[Path | None, list[str]]:
-    """Return (config file, remaining flags) when the first argument is a YAML or JSON file."""
-    if argv and not argv[0].startswith("-") and argv[0].endswith(CONFIG_SUFFIXES):
-        path = Path(argv[0])
-        if not path.is_file():
-            raise ConfigError(f"config file {argv[0]!r} not found; pass a path to a .yaml, .yml or .json file")
-        return path, argv[1:]
-    return None, argv
-
-
-def load_config_file(path: Path) -> dict:
+def read_config_file(argv: list[str]) -> tuple[Path | None, dict, list[str]]:
+    """(the file, its values, the flags after it) when the first argument is a YAML or JSON file."""
+    if not argv or argv[0].startswith("-") or not argv[0].endswith(CONFIG_SUFFIXES):
+        return None, {}, argv
+    path = Path(argv[0])
+    if not path.is_file():
+        raise ConfigError(f"config file {argv[0]!r} not found; pass a path to a .yaml, .yml or .json file")
     text = path.read_text()
     try:
         values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise ConfigError(f"config file {str(path)!r} is not valid {path.suffix[1:].upper()}: {err}") from None
-    if values is None:
-        return {}
-    if not isinstance(values, dict):
+    if values is not None and not isinstance(values, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of flag names to values")
-    return values
+    return path, values or {}, argv[1:]
 
 
 def parse_args(training_args_class: type, argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, Any]:
@@ -212,9 +206,8 @@ def parse_args(training_args_class: type, argv: list[str] | None = None) -> tupl
         description="CONFIG is a .yaml, .yml or .json file of flag values; flags after it override it.",
         allow_abbrev=False,  # a mistyped flag is an error, not silently another flag
     )
-    config_path, flags = split_config_path(argv)
-    if config_path is not None:
-        values = load_config_file(config_path)
+    config_path, values, flags = read_config_file(argv)
+    if values:
         actions = {action.dest: action for action in parser._actions}
         unknown = sorted(set(values) - set(actions))
         if unknown:
