@@ -147,8 +147,8 @@ def describe_batch_plan(plan: dict[str, int]) -> str:
     return text
 
 
-def check_same_batch_plan(checkpoint: Path, saved: dict[str, int], current: dict[str, int], same: tuple[str, ...],
-                          advice: str) -> None:
+def check_same_batch_plan(checkpoint: Path, saved: dict[str, int], current: dict[str, int],
+                          same: tuple[str, ...], advice: str) -> None:
     """Refuse to resume a checkpoint whose plan differs from this run's in any of the keys `same`: its place
     in the epoch counts its own steps. `advice` says what the loop can resume instead."""
     if [saved.get(key) for key in same] != [current.get(key) for key in same]:

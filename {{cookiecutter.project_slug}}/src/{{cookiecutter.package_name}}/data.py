@@ -40,7 +40,7 @@ class Task:
         return 1 if self.problem_type == "regression" else len(self.label_names)
 
     def as_config(self) -> dict:
-        inputs = {key: value for key, value in asdict(self).items() if key not in ("problem_type", "label_names")}
+        inputs = {k: v for k, v in asdict(self).items() if k not in ("problem_type", "label_names")}
         return {"problem_type": self.problem_type, TASK_CONFIG_KEY: inputs}
 
     @classmethod
@@ -67,8 +67,8 @@ def load_data(data_args: DataArguments, tokenizer: PreTrainedTokenizerBase, cach
     with main_process_first():
         raw = load_raw_datasets(data_args, cache_dir, seed=seed)
         task = decide_task(raw, data_args, tokenizer.model_max_length)
-        tokenized = tokenize_datasets(DatasetDict(train=raw["train"], validation=raw["validation"]), tokenizer, task,
-                                      num_proc=data_args.preprocessing_num_workers)
+        tokenized = tokenize_datasets(DatasetDict(train=raw["train"], validation=raw["validation"]),
+                                      tokenizer, task, num_proc=data_args.preprocessing_num_workers)
     logger.info("data from %s: %s; %s, labels %s", data_args.train_file or data_args.dataset_name,
                 ", ".join(f"{len(split)} {name} examples" for name, split in tokenized.items()),
                 task.problem_type, task.label_names or "none (one value per example)")
@@ -77,7 +77,7 @@ def load_data(data_args: DataArguments, tokenizer: PreTrainedTokenizerBase, cach
 
 
 def load_raw_datasets(data_args: DataArguments, cache_dir: str | None = None, seed: int = 42) -> DatasetDict:
-    """Return a DatasetDict with "train" and "validation" (and "test" with --test_file) from local files or the Hub."""
+    """The "train" and "validation" splits (and "test" with --test_file), from local files or the Hub."""
     if data_args.train_file is not None:
         files = {"train": data_args.train_file}
         if data_args.validation_file is not None:
@@ -140,8 +140,8 @@ def decide_task(raw: DatasetDict, data_args: DataArguments, model_max_length: in
                     "split" if data_args.label_delimiter else feature, data_args.label_column)
     if problem_type == "regression":
         if not (isinstance(feature, Value) and feature.dtype.startswith(("float", "int", "uint"))):
-            raise ConfigError(f"--problem_type regression needs numbers in --label_column {data_args.label_column}; "
-                              f"it holds {feature}")
+            raise ConfigError(f"--problem_type regression needs numbers in --label_column "
+                              f"{data_args.label_column}; it holds {feature}")
         names = []
     else:
         names = label_names(raw, data_args.label_column, problem_type, data_args.label_delimiter)
@@ -157,7 +157,7 @@ def is_list(feature: object) -> bool:
 def label_sets(values: list, delimiter: str | None) -> list[list[str]]:
     """Each example's labels, as strings: a list column, or text split on --label_delimiter."""
     if delimiter is not None:
-        return [[part.strip() for part in str(value).split(delimiter) if part.strip()] if value is not None else []
+        return [[] if value is None else [part.strip() for part in str(value).split(delimiter) if part.strip()]
                 for value in values]
     return [[str(label) for label in value] if isinstance(value, list) else [str(value)] for value in values]
 
@@ -193,7 +193,7 @@ def tokenize_datasets(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, task
     order and the same fingerprint as in one (datasets leaves num_proc out of it)."""
     num_proc = num_proc if num_proc is not None and num_proc > 1 else None  # datasets would fork one for 1
     feature = next(iter(raw.values())).features.get(task.label_column)
-    class_ids = isinstance(feature.feature if is_list(feature) else feature, ClassLabel)  # labels are ids already
+    class_ids = isinstance(feature.feature if is_list(feature) else feature, ClassLabel)  # ids already
     return DatasetDict({
         split: dataset.map(partial(encode, tokenizer=tokenizer, task=task, split=split, class_ids=class_ids),
                            batched=True, with_indices=True, num_proc=num_proc,
@@ -244,8 +244,8 @@ def encode_labels(values: list, task: Task, class_ids: bool = False) -> list:
 def log_truncation(tokenized: DatasetDict, max_seq_length: int) -> None:
     for split, dataset in tokenized.items():
         if count := sum(dataset["truncated"]):
-            logger.info("%s: %d of %d inputs were longer than max_seq_length %d and were truncated", split, count,
-                        len(dataset), max_seq_length)
+            logger.info("%s: %d of %d inputs were longer than max_seq_length %d and were truncated",
+                        split, count, len(dataset), max_seq_length)
 
 
 class ClassificationCollator(DataCollatorWithPadding):

@@ -226,7 +226,7 @@ def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The repeated blocks FSDP shards one by one: the ModuleList of one class holding the most weights
     (BERT's encoder.layer, GPT-2's h, Llama's layers). transformers' _no_split_modules names them for some
     families only (DistilBERT, ELECTRA and DeBERTa-v2 leave it empty)."""
-    lists = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList) and len(module) > 0
+    lists = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList)
              and len({type(block) for block in module}) == 1 and any(True for _ in module.parameters())]
     if not lists:
         name = type(classifier_of(model)).__name__
