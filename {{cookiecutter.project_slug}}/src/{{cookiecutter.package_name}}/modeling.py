@@ -125,7 +125,7 @@ def unused_parameters(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -
 
     Found as DDP's find_unused_parameters finds them, walking the autograd graph back from the logits to
     its AccumulateGrad leaves: no backward, no gradients allocated, and in eval mode no dropout draws from
-    the RNG. A reentrant checkpoint hides its layers from the walk: call this before enabling it."""
+    the RNG. A reentrant checkpoint hides its layers from the walk: call this before checkpointing is on."""
     was_training = model.training
     model.eval()
     try:
