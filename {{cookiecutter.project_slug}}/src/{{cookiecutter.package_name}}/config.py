@@ -1,9 +1,7 @@
 """Command-line and YAML arguments: the model and data dataclasses, and the parser both loops use.
 
-Every default lives in a dataclass field; `--help` prints them all. A YAML (or JSON) file given as the
-first argument sets values, and flags after it override the file. The training flags are the loop's
-own, in training_args.py.
-"""
+Every default lives in a dataclass field (`--help` prints them); the training flags are the loop's own,
+in training_args.py."""
 
 from __future__ import annotations
 
@@ -17,7 +15,8 @@ import yaml
 from transformers import HfArgumentParser
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
-DATA_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet")
+FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}  # datasets' readers
+DATA_SUFFIXES = tuple(FILE_BUILDERS)
 # transformers' names (PretrainedConfig.problem_type); auto decides from the label column.
 PROBLEM_TYPES = ["auto", "single_label_classification", "multi_label_classification", "regression"]
 
@@ -28,27 +27,18 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelArguments:
-    model_name_or_path: str = field(
-        metadata={"help": "Hub id or save_pretrained folder."}
-    )
-    tokenizer_name: str | None = field(
-        default=None, metadata={"help": "If not model_name_or_path's."}
-    )
+    model_name_or_path: str = field(metadata={"help": "Hub id or save_pretrained folder."})
+    tokenizer_name: str | None = field(default=None, metadata={"help": "If not model_name_or_path's."})
     cache_dir: str | None = field(default=None, metadata={"help": "Cache for models and datasets."})
     revision: str = field(default="main", metadata={"help": "Branch, tag or commit."})
-    trust_remote_code: bool = field(
-        default=False, metadata={"help": "Run model code from the Hub."}
-    )
+    trust_remote_code: bool = field(default=False, metadata={"help": "Run model code from the Hub."})
     ignore_mismatched_sizes: bool = field(
-        default=False,
-        metadata={"help": "New head if label counts differ."},
-    )
+        default=False, metadata={"help": "New head if label counts differ."})
     lora_r: int = field(default=0, metadata={"help": "LoRA rank; 0: train every weight."})
     lora_alpha: float = field(default=16, metadata={"help": "LoRA scale: updates times alpha / r."})
     lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA inputs."})
     lora_target_modules: str = field(
-        default="all-linear", metadata={"help": "Layers to adapt, or all-linear."}
-    )
+        default="all-linear", metadata={"help": "Layers to adapt, or all-linear."})
 
     def __post_init__(self) -> None:
         if self.lora_r < 0:
@@ -66,13 +56,9 @@ class DataArguments:
     dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset id, e.g. imdb."})
     dataset_config_name: str | None = field(default=None, metadata={"help": "Hub dataset configuration."})
     train_file: str | None = field(default=None, metadata={"help": "csv, json, jsonl or parquet file."})
-    validation_file: str | None = field(
-        default=None, metadata={"help": "Same format as train_file."}
-    )
+    validation_file: str | None = field(default=None, metadata={"help": "Same format as train_file."})
     validation_split_percentage: int = field(
-        default=5,
-        metadata={"help": "Percent of train held out if no eval split."},
-    )
+        default=5, metadata={"help": "Percent of train held out if no eval split."})
     test_file: str | None = field(default=None, metadata={"help": "Rows to predict with --do_predict."})
     text_column: str = field(default="text", metadata={"help": "Column of input text."})
     text_pair_column: str | None = field(default=None, metadata={"help": "Second text, for sentence pairs."})
@@ -86,17 +72,14 @@ class DataArguments:
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N train examples."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep the first N eval examples."})
     preprocessing_num_workers: int | None = field(
-        default=None, metadata={"help": "Tokenising processes; 0, 1: this one."}
-    )
+        default=None, metadata={"help": "Tokenising processes; 0, 1: this one."})
 
     def __post_init__(self) -> None:
         if self.dataset_name is None and self.train_file is None:
             raise ConfigError("--dataset_name or --train_file is required; pass a Hub dataset id or a local file")
         if self.dataset_name is not None and self.train_file is not None:
-            raise ConfigError(
-                f"--dataset_name {self.dataset_name} and --train_file {self.train_file} are both set; pass one "
-                "(configs/local_files.yaml has no dataset_name)"
-            )
+            raise ConfigError(f"--dataset_name {self.dataset_name} and --train_file {self.train_file} are both "
+                              "set; pass one (configs/local_files.yaml has no dataset_name)")
         if self.validation_file is not None and self.train_file is None:
             raise ConfigError(f"--validation_file {self.validation_file} needs --train_file; pass both")
         for name in ("train_file", "validation_file", "test_file"):
@@ -106,8 +89,8 @@ class DataArguments:
         if self.max_seq_length < 1:
             raise ConfigError(f"--max_seq_length {self.max_seq_length}: must be >= 1")
         if self.text_pair_column in (self.text_column, self.label_column):
-            raise ConfigError(f"--text_pair_column {self.text_pair_column}: use a column other than the text and "
-                              "label columns")
+            raise ConfigError(f"--text_pair_column {self.text_pair_column}: use a column other than the text "
+                              "and label columns")
         if not 0 < self.multi_label_threshold < 1:
             raise ConfigError(f"--multi_label_threshold {self.multi_label_threshold}: must be between 0 and 1")
         if not 0 < self.validation_split_percentage < 100:
@@ -128,8 +111,8 @@ def check_training_settings(args: Any) -> None:
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name} {getattr(args, name)}: must be >= 1")
     if args.do_train and args.max_steps <= 0 and args.num_train_epochs <= 0:
-        raise ConfigError(f"--num_train_epochs {args.num_train_epochs} trains nothing: pass a number of epochs > 0, "
-                          "or --max_steps > 0")
+        raise ConfigError(f"--num_train_epochs {args.num_train_epochs} trains nothing: pass a number of "
+                          "epochs > 0, or --max_steps > 0")
     for name in ("logging_steps", "save_steps", "eval_steps"):
         value = getattr(args, name)
         if value is not None and (value <= 0 or (value > 1 and value != int(value))):
@@ -149,8 +132,9 @@ def batch_split(world_size: int, per_device_batch_size: int, accumulation_steps:
 
 def read_batch_plan(checkpoint: Path | None) -> dict[str, int] | None:
     """The batch plan a checkpoint was written under; None without a checkpoint or a plan."""
-    path = None if checkpoint is None else Path(checkpoint, BATCH_PLAN)
-    return json.loads(path.read_text()) if path is not None and path.is_file() else None
+    if checkpoint is None or not Path(checkpoint, BATCH_PLAN).is_file():
+        return None
+    return json.loads(Path(checkpoint, BATCH_PLAN).read_text())
 
 
 def describe_batch_plan(plan: dict[str, int]) -> str:
@@ -163,25 +147,23 @@ def describe_batch_plan(plan: dict[str, int]) -> str:
     return text
 
 
-def check_same_batch_plan(checkpoint: Path, saved: dict[str, int], current: dict[str, int], same: tuple[str, ...],
-                          advice: str) -> None:
+def check_same_batch_plan(checkpoint: Path, saved: dict[str, int], current: dict[str, int],
+                          same: tuple[str, ...], advice: str) -> None:
     """Refuse to resume a checkpoint whose plan differs from this run's in any of the keys `same`: its place
     in the epoch counts its own steps. `advice` says what the loop can resume instead."""
     if [saved.get(key) for key in same] != [current.get(key) for key in same]:
-        raise ConfigError(f"checkpoint {str(checkpoint)!r} was written by a run with {describe_batch_plan(saved)}, "
-                          f"but this run has {describe_batch_plan(current)}. {advice}")
+        raise ConfigError(f"checkpoint {str(checkpoint)!r} was written by a run with "
+                          f"{describe_batch_plan(saved)}, but this run has {describe_batch_plan(current)}. {advice}")
 
 
 def check_batch_fits(train_size: int, world_size: int, per_device_batch_size: int, accumulation_steps: int) -> None:
     """One optimizer step must find its examples in the train set: the preflight and both loops check this."""
     global_batch = world_size * per_device_batch_size * accumulation_steps
     if global_batch > train_size:
-        raise ConfigError(
-            f"one optimizer step takes {global_batch} examples ({world_size} process(es) x "
-            f"--per_device_train_batch_size {per_device_batch_size} x --gradient_accumulation_steps "
-            f"{accumulation_steps}), more than the {train_size} train examples: lower them, start fewer processes "
-            "or add data"
-        )
+        raise ConfigError(f"one optimizer step takes {global_batch} examples ({world_size} process(es) x "
+                          f"--per_device_train_batch_size {per_device_batch_size} x --gradient_accumulation_steps "
+                          f"{accumulation_steps}), more than the {train_size} train examples: lower them, start "
+                          "fewer processes or add data")
 
 
 def model_not_found(name: str, reason: str) -> ConfigError:
@@ -198,27 +180,21 @@ def check_local_path(name: str) -> None:
         raise model_not_found(name, "no such folder")
 
 
-def split_config_path(argv: list[str]) -> tuple[Path | None, list[str]]:
-    """Return (config file, remaining flags) when the first argument is a YAML or JSON file."""
-    if argv and not argv[0].startswith("-") and argv[0].endswith(CONFIG_SUFFIXES):
-        path = Path(argv[0])
-        if not path.is_file():
-            raise ConfigError(f"config file {argv[0]!r} not found; pass a path to a .yaml, .yml or .json file")
-        return path, argv[1:]
-    return None, argv
-
-
-def load_config_file(path: Path) -> dict:
+def read_config_file(argv: list[str]) -> tuple[Path | None, dict, list[str]]:
+    """(the file, its values, the flags after it) when the first argument is a YAML or JSON file."""
+    if not argv or argv[0].startswith("-") or not argv[0].endswith(CONFIG_SUFFIXES):
+        return None, {}, argv
+    path = Path(argv[0])
+    if not path.is_file():
+        raise ConfigError(f"config file {argv[0]!r} not found; pass a path to a .yaml, .yml or .json file")
     text = path.read_text()
     try:
         values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise ConfigError(f"config file {str(path)!r} is not valid {path.suffix[1:].upper()}: {err}") from None
-    if values is None:
-        return {}
-    if not isinstance(values, dict):
+    if values is not None and not isinstance(values, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of flag names to values")
-    return values
+    return path, values or {}, argv[1:]
 
 
 def parse_args(training_args_class: type, argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, Any]:
@@ -230,9 +206,8 @@ def parse_args(training_args_class: type, argv: list[str] | None = None) -> tupl
         description="CONFIG is a .yaml, .yml or .json file of flag values; flags after it override it.",
         allow_abbrev=False,  # a mistyped flag is an error, not silently another flag
     )
-    config_path, flags = split_config_path(argv)
-    if config_path is not None:
-        values = load_config_file(config_path)
+    config_path, values, flags = read_config_file(argv)
+    if values:
         actions = {action.dest: action for action in parser._actions}
         unknown = sorted(set(values) - set(actions))
         if unknown:
@@ -242,10 +217,8 @@ def parse_args(training_args_class: type, argv: list[str] | None = None) -> tupl
             choices = actions[name].choices
             if choices is not None and value not in choices:
                 raise ConfigError(f"{config_path}: {name}: {value!r} is not one of {', '.join(map(str, choices))}")
+            actions[name].required = False  # the file gives it
         parser.set_defaults(**values)
-        for action in parser._actions:
-            if action.dest in values:
-                action.required = False
     *parsed, unknown = parser.parse_args_into_dataclasses(args=flags, return_remaining_strings=True)
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (see --help for the flags this loop takes)")
@@ -255,6 +228,6 @@ def parse_args(training_args_class: type, argv: list[str] | None = None) -> tupl
     if training_args.gradient_checkpointing and training_args.ddp_find_unused_parameters:
         # DDP searches for unused parameters when forward ends, before the backward pass recomputes the
         # checkpointed layers and uses theirs: it would count them unused, then ready a second time.
-        raise ConfigError("--gradient_checkpointing with --ddp_find_unused_parameters true fails in DDP (parameters "
-                          "marked ready twice); set --ddp_find_unused_parameters false, the default")
+        raise ConfigError("--gradient_checkpointing with --ddp_find_unused_parameters true fails in DDP "
+                          "(parameters marked ready twice); set --ddp_find_unused_parameters false, the default")
     return model_args, data_args, training_args

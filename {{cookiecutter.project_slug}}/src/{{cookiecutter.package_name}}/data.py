@@ -5,17 +5,17 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 from functools import partial
+from itertools import chain
 from pathlib import Path
 
 import datasets
 from datasets import ClassLabel, Dataset, DatasetDict, LargeList, List, Value
 from transformers import DataCollatorWithPadding, PreTrainedConfig, PreTrainedTokenizerBase
 
-from .config import ConfigError, DataArguments
+from .config import FILE_BUILDERS, ConfigError, DataArguments
 from .distributed import main_process_first
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels")
-FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 TASK_CONFIG_KEY = "classification_inputs"  # the model's config.json records the Task's inputs under this
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class Task:
         return 1 if self.problem_type == "regression" else len(self.label_names)
 
     def as_config(self) -> dict:
-        inputs = {key: value for key, value in asdict(self).items() if key not in ("problem_type", "label_names")}
+        inputs = {k: v for k, v in asdict(self).items() if k not in ("problem_type", "label_names")}
         return {"problem_type": self.problem_type, TASK_CONFIG_KEY: inputs}
 
     @classmethod
@@ -61,15 +61,14 @@ class ClassificationData:
         return self.task.label_names
 
 
-def load_data(
-    data_args: DataArguments, tokenizer: PreTrainedTokenizerBase, cache_dir: str | None, seed: int
-) -> ClassificationData:
+def load_data(data_args: DataArguments, tokenizer: PreTrainedTokenizerBase, cache_dir: str | None,
+              seed: int) -> ClassificationData:
     """Load, decide the task, tokenise. Rank 0 goes first; the others then read its cache."""
     with main_process_first():
         raw = load_raw_datasets(data_args, cache_dir, seed=seed)
         task = decide_task(raw, data_args, tokenizer.model_max_length)
-        tokenized = tokenize_datasets(DatasetDict(train=raw["train"], validation=raw["validation"]), tokenizer, task,
-                                      num_proc=data_args.preprocessing_num_workers)
+        tokenized = tokenize_datasets(DatasetDict(train=raw["train"], validation=raw["validation"]),
+                                      tokenizer, task, num_proc=data_args.preprocessing_num_workers)
     logger.info("data from %s: %s; %s, labels %s", data_args.train_file or data_args.dataset_name,
                 ", ".join(f"{len(split)} {name} examples" for name, split in tokenized.items()),
                 task.problem_type, task.label_names or "none (one value per example)")
@@ -78,7 +77,7 @@ def load_data(
 
 
 def load_raw_datasets(data_args: DataArguments, cache_dir: str | None = None, seed: int = 42) -> DatasetDict:
-    """Return a DatasetDict with "train" and "validation" (and "test" with --test_file) from local files or the Hub."""
+    """The "train" and "validation" splits (and "test" with --test_file), from local files or the Hub."""
     if data_args.train_file is not None:
         files = {"train": data_args.train_file}
         if data_args.validation_file is not None:
@@ -86,22 +85,18 @@ def load_raw_datasets(data_args: DataArguments, cache_dir: str | None = None, se
         raw = read_files(files, cache_dir)
     else:
         try:
-            raw = datasets.load_dataset(
-                data_args.dataset_name, data_args.dataset_config_name, cache_dir=cache_dir
-            )
+            raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name,
+                                        cache_dir=cache_dir)
         except Exception as err:
-            raise ConfigError(
-                f"--dataset_name {data_args.dataset_name!r} could not be loaded: {err}. "
-                "Offline? Pass local files with --train_file/--validation_file."
-            ) from None
+            raise ConfigError(f"--dataset_name {data_args.dataset_name!r} could not be loaded: {err}. "
+                              "Offline? Pass local files with --train_file/--validation_file.") from None
 
     if "validation" not in raw:
         if "test" in raw:
             raw["validation"] = raw["test"]
         else:
-            held_out = raw["train"].train_test_split(
-                test_size=data_args.validation_split_percentage / 100, seed=seed
-            )
+            held_out = raw["train"].train_test_split(test_size=data_args.validation_split_percentage / 100,
+                                                     seed=seed)
             raw["train"], raw["validation"] = held_out["train"], held_out["test"]
     raw = DatasetDict({"train": raw["train"], "validation": raw["validation"]})
     if data_args.test_file is not None:
@@ -112,14 +107,11 @@ def load_raw_datasets(data_args: DataArguments, cache_dir: str | None = None, se
         label_flag = [] if split == "test" else [("label_column", data_args.label_column)]
         for flag, column in text_flags + label_flag:
             if column is not None and column not in dataset.column_names:
-                raise ConfigError(
-                    f"--{flag} {column!r} is not a column of the {split} split; "
-                    f"columns are: {', '.join(dataset.column_names)}"
-                )
-    if data_args.max_train_samples is not None:
-        raw["train"] = raw["train"].select(range(min(data_args.max_train_samples, len(raw["train"]))))
-    if data_args.max_eval_samples is not None:
-        raw["validation"] = raw["validation"].select(range(min(data_args.max_eval_samples, len(raw["validation"]))))
+                raise ConfigError(f"--{flag} {column!r} is not a column of the {split} split; "
+                                  f"columns are: {', '.join(dataset.column_names)}")
+    for split, limit in (("train", data_args.max_train_samples), ("validation", data_args.max_eval_samples)):
+        if limit is not None:
+            raw[split] = raw[split].select(range(min(limit, len(raw[split]))))
     return raw
 
 
@@ -148,14 +140,14 @@ def decide_task(raw: DatasetDict, data_args: DataArguments, model_max_length: in
                     "split" if data_args.label_delimiter else feature, data_args.label_column)
     if problem_type == "regression":
         if not (isinstance(feature, Value) and feature.dtype.startswith(("float", "int", "uint"))):
-            raise ConfigError(f"--problem_type regression needs numbers in --label_column {data_args.label_column}; "
-                              f"it holds {feature}")
+            raise ConfigError(f"--problem_type regression needs numbers in --label_column "
+                              f"{data_args.label_column}; it holds {feature}")
         names = []
     else:
         names = label_names(raw, data_args.label_column, problem_type, data_args.label_delimiter)
+    max_seq_length = min(data_args.max_seq_length, model_max_length or data_args.max_seq_length)
     return Task(problem_type, names, data_args.text_column, data_args.text_pair_column, data_args.label_column,
-                data_args.label_delimiter, min(data_args.max_seq_length, model_max_length or data_args.max_seq_length),
-                data_args.multi_label_threshold)
+                data_args.label_delimiter, max_seq_length, data_args.multi_label_threshold)
 
 
 def is_list(feature: object) -> bool:
@@ -165,7 +157,7 @@ def is_list(feature: object) -> bool:
 def label_sets(values: list, delimiter: str | None) -> list[list[str]]:
     """Each example's labels, as strings: a list column, or text split on --label_delimiter."""
     if delimiter is not None:
-        return [[part.strip() for part in str(value).split(delimiter) if part.strip()] if value is not None else []
+        return [[] if value is None else [part.strip() for part in str(value).split(delimiter) if part.strip()]
                 for value in values]
     return [[str(label) for label in value] if isinstance(value, list) else [str(value)] for value in values]
 
@@ -178,18 +170,16 @@ def label_names(raw: DatasetDict, label_column: str, problem_type: str = "single
     if isinstance(inner, ClassLabel):
         return list(inner.names)
     if problem_type == "multi_label_classification":
-        train = {name for labels in label_sets(raw["train"][label_column], delimiter) for name in labels}
-        unseen = {name for labels in label_sets(raw["validation"][label_column], delimiter) for name in labels} - train
-        values = train
+        values = set(chain.from_iterable(label_sets(raw["train"][label_column], delimiter)))
+        unseen = set(chain.from_iterable(label_sets(raw["validation"][label_column], delimiter))) - values
     else:
         values = set(raw["train"].unique(label_column))
         if None in values:
             raise ConfigError(f"--label_column {label_column!r} has empty values in the train split")
         unseen = set(raw["validation"].unique(label_column)) - values
     if unseen:
-        raise ConfigError(
-            f"--label_column {label_column!r}: validation has labels not seen in train: {sorted(map(str, unseen))}"
-        )
+        raise ConfigError(f"--label_column {label_column!r}: validation has labels not seen in train: "
+                          f"{sorted(map(str, unseen))}")
     if not values:
         raise ConfigError(f"--label_column {label_column!r} holds no labels in the train split")
     return [str(value) for value in sorted(values)]
@@ -203,12 +193,11 @@ def tokenize_datasets(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, task
     order and the same fingerprint as in one (datasets leaves num_proc out of it)."""
     num_proc = num_proc if num_proc is not None and num_proc > 1 else None  # datasets would fork one for 1
     feature = next(iter(raw.values())).features.get(task.label_column)
-    class_ids = isinstance(feature.feature if is_list(feature) else feature, ClassLabel)  # labels are ids already
+    class_ids = isinstance(feature.feature if is_list(feature) else feature, ClassLabel)  # ids already
     return DatasetDict({
         split: dataset.map(partial(encode, tokenizer=tokenizer, task=task, split=split, class_ids=class_ids),
-                           batched=True,
-                           with_indices=True, num_proc=num_proc, remove_columns=dataset.column_names,
-                           desc=f"Tokenizing {split}")
+                           batched=True, with_indices=True, num_proc=num_proc,
+                           remove_columns=dataset.column_names, desc=f"Tokenizing {split}")
         for split, dataset in raw.items()
     })
 
@@ -244,22 +233,19 @@ def encode_labels(values: list, task: Task, class_ids: bool = False) -> list:
         return [float(value) for value in values]
     ids = {name: i for i, name in enumerate(task.label_names)}
     if task.problem_type == "multi_label_classification":
-        rows = []
-        for labels in label_sets(values, task.label_delimiter):
-            row = [0.0] * len(ids)
+        rows = [[0.0] * len(ids) for _ in values]
+        for row, labels in zip(rows, label_sets(values, task.label_delimiter), strict=True):
             for label in labels:
                 row[int(label) if class_ids else ids[label]] = 1.0
-            rows.append(row)
         return rows
     return list(values) if class_ids else [ids[str(value)] for value in values]
 
 
 def log_truncation(tokenized: DatasetDict, max_seq_length: int) -> None:
     for split, dataset in tokenized.items():
-        count = sum(dataset["truncated"])
-        if count:
-            logger.info("%s: %d of %d inputs were longer than max_seq_length %d and were truncated", split, count,
-                        len(dataset), max_seq_length)
+        if count := sum(dataset["truncated"]):
+            logger.info("%s: %d of %d inputs were longer than max_seq_length %d and were truncated",
+                        split, count, len(dataset), max_seq_length)
 
 
 class ClassificationCollator(DataCollatorWithPadding):

@@ -1,5 +1,4 @@
-"""Tokenizer and model loading from the Hub or a local save_pretrained folder; padding, LoRA, parameters the
-forward never uses, and gradient checkpointing, the same for both loops and predict."""
+"""The tokenizer and the model, from the Hub or a save_pretrained folder, for both loops and predict."""
 
 from __future__ import annotations
 
@@ -21,33 +20,30 @@ from .distributed import some_of
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-# transformers' model classes (AutoModelForSequenceClassification, Conv1D) are imported where a model is
-# built: the preflight, which builds none unless LoRA or gradient checkpointing asks for one, then starts
-# without importing them.
+# transformers' model classes are imported where a model is built: the preflight, which builds none
+# without LoRA or gradient checkpointing, then starts without importing them.
 
 ADAPTER_CONFIG = "adapter_config.json"  # peft's: a folder holding it holds a LoRA adapter
 # How every model here loads (training, predict.py, merge_lora.py):
-# - float32: transformers 5 loads in the checkpoint's dtype by default. Many Hub checkpoints are stored in
-#   fp16 or bf16; trained as such, AdamW loses small updates and GradScaler refuses fp16 gradients. The
-#   weights train in fp32; mixed precision is autocast's job.
-# - without Hub kernels: from 5.25, transformers swaps layers for kernels fetched from the Hub when the
-#   `kernels` package (one of its dependencies) is installed. A CUDA model switched to eval() then fetches
-#   kernels-community/activation: offline, the run fails after training; online, it evaluates other code
-#   than it trained.
+# - float32: transformers 5 loads in the checkpoint's dtype, often fp16 or bf16 on the Hub; trained so,
+#   AdamW loses small updates and GradScaler refuses fp16 gradients. Mixed precision is autocast's job.
+# - no Hub kernels: from 5.25, with the `kernels` package (a transformers dependency) installed, a CUDA
+#   model switched to eval() fetches kernels-community/activation: offline the run fails after training,
+#   online it evaluates other code than it trained.
 LOAD_OPTIONS = {"dtype": torch.float32, "use_kernels": False}
 logger = logging.getLogger(__name__)
+
+
+def hub_options(model_args: ModelArguments) -> dict:
+    return {"cache_dir": model_args.cache_dir, "revision": model_args.revision,
+            "trust_remote_code": model_args.trust_remote_code}
 
 
 def load_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
     name = model_args.tokenizer_name or model_args.model_name_or_path
     check_local_path(name)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            name,
-            cache_dir=model_args.cache_dir,
-            revision=model_args.revision,
-            trust_remote_code=model_args.trust_remote_code,
-        )
+        tokenizer = AutoTokenizer.from_pretrained(name, **hub_options(model_args))
     except (OSError, ValueError) as err:
         raise model_not_found(name, type(err).__name__) from None
     pad_on_the_right(tokenizer, name)
@@ -55,48 +51,37 @@ def load_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
 
 
 def pad_on_the_right(tokenizer: PreTrainedTokenizerBase, name: str) -> None:
-    """Give the tokenizer a pad token if it has none (decoders such as Llama and GPT-2 ship without), and pad
-    on the right.
+    """Pad with the eos token where there is no pad token (decoders such as Llama, GPT-2), on the right.
 
-    The eos token pads: a new token would need a new embedding row, trained from nothing. On the right,
-    because decoders number positions from the first token, pad or not: GPT-2's learned positions would
-    see an example padded on the left at other positions than alone, and give other logits. Saved with
-    the model, the tokenizer pads the same way in predict.py and in transformers.pipeline.
-    """
+    The eos token: a new token would need a new embedding row, trained from nothing. The right: decoders
+    number positions from the first token, pad or not, so GPT-2 would give an example padded on the left
+    other logits than alone. Saved with the model, the tokenizer pads so in predict.py and pipeline too."""
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise ConfigError(f"the tokenizer of {name!r} has neither a pad token nor an eos token to pad with; pass "
-                              "--tokenizer_name with a tokenizer that has one of them")
+            raise ConfigError(f"the tokenizer of {name!r} has neither a pad token nor an eos token to pad "
+                              "with; pass --tokenizer_name with a tokenizer that has one of them")
         tokenizer.pad_token = tokenizer.eos_token
         logger.info("the tokenizer of %s has no pad token: padding with its eos token %r (id %d)", name,
                     tokenizer.pad_token, tokenizer.pad_token_id)
     if tokenizer.padding_side != "right":
-        logger.info("the tokenizer of %s pads on the %s: padding on the right instead, so that an example gives "
-                    "the same logits alone and in a batch", name, tokenizer.padding_side)
+        logger.info("the tokenizer of %s pads on the %s: padding on the right instead, so that an example "
+                    "gives the same logits alone and in a batch", name, tokenizer.padding_side)
         tokenizer.padding_side = tokenizer.init_kwargs["padding_side"] = "right"  # init_kwargs: what it saves
 
 
 def load_model(model_args: ModelArguments, task: Task, tokenizer: PreTrainedTokenizerBase | None = None,
                freeze_unused: bool = False) -> PreTrainedModel:
-    """Load a sequence classifier in fp32, with one output per class (one for regression), and the task
-    in its config: problem type, label names, input columns and max_seq_length (Task.as_config).
-
-    With a tokenizer, its pad token becomes the config's: a decoder's head reads each row's logits at its
-    last token that is not the pad token, and without one refuses batches of more than one row. With
-    --lora_r > 0 the model comes back wrapped in LoRA adapters (wrap_with_lora). With freeze_unused (and a
-    tokenizer), trainable parameters the classification forward never uses are frozen
-    (freeze_unused_parameters)."""
-    name, names = model_args.model_name_or_path, task.label_names
+    """A sequence classifier in fp32, one output per class (one for regression), with the task in its
+    config (Task.as_config). A tokenizer's pad token becomes the config's: a decoder's head reads each row's
+    logits at its last token that is not the pad token, and without one refuses batches of more than one
+    row. --lora_r > 0 wraps it in LoRA adapters; freeze_unused (with a tokenizer) freezes the parameters
+    the forward never uses."""
+    name, labels = model_args.model_name_or_path, dict(enumerate(task.label_names))
     check_local_path(name)
     try:
         config = AutoConfig.from_pretrained(
-            name,
-            num_labels=task.num_labels,
-            **({"id2label": dict(enumerate(names)), "label2id": {label: i for i, label in enumerate(names)}}
-               if names else {}),
-            cache_dir=model_args.cache_dir,
-            revision=model_args.revision,
-            trust_remote_code=model_args.trust_remote_code,
+            name, num_labels=task.num_labels, **hub_options(model_args),
+            **({"id2label": labels, "label2id": {label: i for i, label in labels.items()}} if labels else {}),
         )
         config.update(task.as_config())
         if tokenizer is not None:
@@ -106,13 +91,8 @@ def load_model(model_args: ModelArguments, task: Task, tokenizer: PreTrainedToke
         from transformers import AutoModelForSequenceClassification
 
         model = AutoModelForSequenceClassification.from_pretrained(
-            name,
-            config=config,
-            cache_dir=model_args.cache_dir,
-            revision=model_args.revision,
-            trust_remote_code=model_args.trust_remote_code,
-            ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
-            **LOAD_OPTIONS,
+            name, config=config, ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
+            **hub_options(model_args), **LOAD_OPTIONS,
         )
     except RuntimeError as err:
         if "ignore_mismatched_sizes" not in str(err):
@@ -127,19 +107,14 @@ def load_model(model_args: ModelArguments, task: Task, tokenizer: PreTrainedToke
         model = wrap_with_lora(model, model_args)
     if freeze_unused:
         freeze_unused_parameters(model, example_inputs(tokenizer, task))
-    counts = parameter_counts(model)
-    logger.info("parameters: %d trainable of %d (%.2f%%)%s", counts["trainable_parameters"],
-                counts["total_parameters"], 100 * counts["trainable_parameters"] / counts["total_parameters"],
+    trainable, total = parameter_counts(model).values()
+    logger.info("parameters: %d trainable of %d (%.2f%%)%s", trainable, total, 100 * trainable / total,
                 f", LoRA r={model_args.lora_r}" if model_args.lora_r > 0 else "")
     return model
 
 
-# ---- parameters the forward never uses ------------------------------------------------------
-
-
 def example_inputs(tokenizer: PreTrainedTokenizerBase, task: Task) -> dict[str, torch.Tensor]:
-    """One short example, tokenised as data.encode tokenises the task's rows (a pair for a pair task), with
-    the inputs the collator passes on: token_type_ids too where the tokenizer gives them."""
+    """One short example, tokenised as data.encode tokenises rows, with the inputs the collator keeps."""
     text = "a short example"
     encoded = tokenizer([text], [text] if task.text_pair_column else None, return_tensors="pt")
     return {key: value for key, value in encoded.items() if key in MODEL_INPUTS}
@@ -148,11 +123,9 @@ def example_inputs(tokenizer: PreTrainedTokenizerBase, task: Task) -> dict[str, 
 def unused_parameters(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> list[str]:
     """The names of the trainable parameters that one forward on inputs never reaches.
 
-    Found as DDP's find_unused_parameters finds them: walking the autograd graph back from the logits to
-    its leaves (AccumulateGrad nodes, whose variable is the parameter). No backward runs, no gradient is
-    allocated, and in eval mode no dropout draws from the RNG. A reentrant checkpoint would hide its
-    layers from the walk: call this before gradient checkpointing is enabled.
-    """
+    Found as DDP's find_unused_parameters finds them, walking the autograd graph back from the logits to
+    its AccumulateGrad leaves: no backward, no gradients allocated, and in eval mode no dropout draws from
+    the RNG. A reentrant checkpoint hides its layers from the walk: call this before checkpointing is on."""
     was_training = model.training
     model.eval()
     try:
@@ -168,21 +141,17 @@ def unused_parameters(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -
         if hasattr(node, "variable"):
             reached.add(id(node.variable))
         nodes.extend(next_node for next_node, _ in node.next_functions)
-    return [name for name, parameter in model.named_parameters() if parameter.requires_grad and id(parameter)
-            not in reached]
+    return [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in reached]
 
 
 def freeze_unused_parameters(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> list[str]:
     """Freeze the trainable parameters the classification forward never uses, and name them in one line.
 
-    Some architectures carry weights their classification head skips (BigBird's pooler, ESM's contact
-    head, XLNet's mask embedding), and LoRA may put adapters on such layers. They never get a gradient,
-    so they can never learn; and DDP, which all-reduces a bucket once every parameter in it has its
-    gradient, would never reduce their bucket: the ranks' gradients would part at the first step.
-    Frozen, DDP leaves them out. A model that uses other parameters on other inputs (a mixture of
-    experts routing tokens) must not lose them: it trains with --ddp_find_unused_parameters true,
-    which skips this.
-    """
+    Some architectures carry weights their head skips (BigBird's pooler, ESM's contact head, XLNet's mask
+    embedding), and LoRA may put adapters on them. Without a gradient they never learn, and DDP, which
+    all-reduces a bucket once all its parameters have gradients, would never reduce theirs: the ranks'
+    gradients would part at the first step. Frozen, DDP leaves them out. A model that uses other
+    parameters on other inputs (a mixture of experts) must keep them: --ddp_find_unused_parameters true."""
     unused = unused_parameters(model, inputs)
     for name in unused:
         model.get_parameter(name).requires_grad_(False)
@@ -190,9 +159,6 @@ def freeze_unused_parameters(model: torch.nn.Module, inputs: dict[str, torch.Ten
         logger.info("froze %s: the classification forward never uses them, so they could not learn, and DDP "
                     "would wait for their gradients", some_of(unused))
     return unused
-
-
-# ---- LoRA -------------------------------------------------------------------------------------
 
 
 def head_modules(model: PreTrainedModel) -> list[str]:
@@ -211,15 +177,15 @@ def lora_targets(model: PreTrainedModel, target_modules: str) -> list[str]:
     linear = {f"{body}.{name}": name.rpartition(".")[2] for name, module in model.get_submodule(body).named_modules()
               if isinstance(module, (torch.nn.Linear, Conv1D))}
     if not linear:
-        raise ConfigError(f"--lora_r: {model.config.model_type} has no linear layers to add LoRA adapters to; "
-                          "pass --lora_r 0")
+        raise ConfigError(f"--lora_r: {model.config.model_type} has no linear layers to add LoRA adapters "
+                          "to; pass --lora_r 0")
     if target_modules == "all-linear":
         return sorted(linear)
     wanted = {name.strip() for name in target_modules.split(",") if name.strip()}
     unknown = sorted(wanted - set(linear.values()))
     if unknown:
-        raise ConfigError(f"--lora_target_modules {target_modules}: {model.config.model_type} has no linear layer "
-                          f"named {', '.join(unknown)}; its linear layers are named "
+        raise ConfigError(f"--lora_target_modules {target_modules}: {model.config.model_type} has no linear "
+                          f"layer named {', '.join(unknown)}; its linear layers are named "
                           f"{', '.join(sorted(set(linear.values())))} (or pass all-linear)")
     return sorted(full for full, own in linear.items() if own in wanted)
 
@@ -256,24 +222,21 @@ def is_lora(model: torch.nn.Module) -> bool:
     return isinstance(model, PeftModel)
 
 
-
 def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The model's repeated blocks, which FSDP shards one by one: the ModuleList of modules of one class that
-    holds the most weights (BERT's encoder.layer, GPT-2's h, Llama's layers). Found from the model itself:
-    transformers' _no_split_modules names them for some families only (DistilBERT, ELECTRA and DeBERTa-v2
-    leave it empty)."""
-    lists = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList) and len(module) > 0
+    """The repeated blocks FSDP shards one by one: the ModuleList of one class holding the most weights
+    (BERT's encoder.layer, GPT-2's h, Llama's layers). transformers' _no_split_modules names them for some
+    families only (DistilBERT, ELECTRA and DeBERTa-v2 leave it empty)."""
+    lists = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList)
              and len({type(block) for block in module}) == 1 and any(True for _ in module.parameters())]
     if not lists:
         name = type(classifier_of(model)).__name__
-        raise ConfigError(f"--fsdp: found no list of repeated transformer blocks in {name} to shard one by one; "
-                          "train it without --fsdp")
+        raise ConfigError(f"--fsdp: found no list of repeated transformer blocks in {name} to shard one by "
+                          "one; train it without --fsdp")
     return max(lists, key=lambda blocks: sum(p.numel() for p in blocks.parameters()))
 
 
 def check_same_lora(checkpoint: Path, lora_r: int) -> None:
-    """Refuse to resume a LoRA checkpoint (adapters, no base weights) without LoRA, or with another rank, and
-    the reverse."""
+    """Refuse to resume a LoRA checkpoint (adapters only) without LoRA or at another rank, or the reverse."""
     adapter_config = checkpoint / ADAPTER_CONFIG
     saved_r = json.loads(adapter_config.read_text())["r"] if adapter_config.is_file() else 0
     if saved_r != lora_r:
@@ -292,19 +255,16 @@ def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
             "total_parameters": sum(p.numel() for p in parameters)}
 
 
-
 def save_lora_base(model: torch.nn.Module, folder: str | Path, state_dict: dict | None = None) -> None:
-    """Beside a LoRA model's adapter (its save_pretrained), write the frozen body and the untrained head under
-    their own names, with the config: AutoModelForSequenceClassification, pipeline and predict.py then load
-    the folder whole, base and adapter. Nothing to do for a model without LoRA. state_dict: those weights
-    already gathered (peft's get_base_model_state_dict of a sharded model, whole)."""
+    """Beside a LoRA model's adapter, write its frozen body and untrained head, with the config, so that
+    AutoModelForSequenceClassification, pipeline and predict.py load the folder whole. No-op without LoRA.
+    state_dict: those weights already gathered (get_base_model_state_dict of a sharded model)."""
     if not is_lora(model):
         return
     from peft import get_base_model_state_dict
 
-    if state_dict is None:
-        state_dict = get_base_model_state_dict(model)
-    model.get_base_model().save_pretrained(folder, state_dict=state_dict)
+    base_weights = get_base_model_state_dict(model) if state_dict is None else state_dict
+    model.get_base_model().save_pretrained(folder, state_dict=base_weights)
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -312,12 +272,10 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     import safetensors.torch
 
     index = folder / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else [
-        "model.safetensors"]
-    weights = {}
-    for name in files:
-        weights.update(safetensors.torch.load_file(folder / name, device="cpu"))
-    return weights
+    files = ["model.safetensors"]
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    return {key: value for name in files for key, value in safetensors.torch.load_file(folder / name).items()}
 
 
 def check_model_settings(model_args: ModelArguments, gradient_checkpointing: bool) -> None:
@@ -327,8 +285,7 @@ def check_model_settings(model_args: ModelArguments, gradient_checkpointing: boo
         return
     name = model_args.model_name_or_path
     try:
-        config = AutoConfig.from_pretrained(name, cache_dir=model_args.cache_dir, revision=model_args.revision,
-                                            trust_remote_code=model_args.trust_remote_code)
+        config = AutoConfig.from_pretrained(name, **hub_options(model_args))
     except (OSError, ValueError) as err:
         raise model_not_found(name, type(err).__name__) from None
     from transformers import AutoModelForSequenceClassification
@@ -343,18 +300,17 @@ def check_model_settings(model_args: ModelArguments, gradient_checkpointing: boo
 
 def check_gradient_checkpointing(model: PreTrainedModel) -> None:
     if not model.supports_gradient_checkpointing:
-        raise ConfigError(f"--gradient_checkpointing: transformers' {type(model).__name__} does not support it; "
-                          "leave it out")
+        raise ConfigError(f"--gradient_checkpointing: transformers' {type(model).__name__} does not support "
+                          "it; leave it out")
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     """Recompute each layer's activations in the backward pass instead of keeping them.
 
-    Non-reentrant (as the Trainer's default): the reentrant form sends no gradient through a layer
-    whose inputs need none, as under LoRA, whose embeddings are frozen. It works there only through
-    transformers' hook that makes the embeddings' output need one; without it the checkpointed layers'
-    adapters got no gradient and DDP stopped at the next step ("Expected to have finished reduction").
-    """
+    Non-reentrant, as the Trainer's default: the reentrant form sends no gradient through a layer whose
+    inputs need none, as under LoRA with frozen embeddings. Only transformers' hook making the embeddings'
+    output need one saves it there; without it the checkpointed adapters got no gradient and DDP stopped
+    at the next step ("Expected to have finished reduction")."""
     classifier = classifier_of(model)
     check_gradient_checkpointing(classifier)
     classifier.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
