@@ -60,7 +60,8 @@ NOISE_ONLY = ".attention.self.key.bias"
 EVAL_LOSS_ATOL = 1e-6
 RESUME_ATOL = 1e-6  # the same operations in the same order, as in test_preemption.py
 # One process with 2 accumulation steps in place of 2 ranks: other sums, as in test_native_resume.py
-# (measured here: 0).
+# (measured: every weight within 1.2e-7 of its tensor's largest, on an AMD EPYC, and 0 on an Intel Xeon,
+# but the noise-only key biases, which there ended 7.6e-7 apart, 7% of their own size: left out as above).
 RESHAPED_RTOL = 1e-5
 
 
@@ -172,8 +173,10 @@ def test_an_fsdp_checkpoint_of_two_processes_resumes_on_one_mid_epoch(
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming a run of 2 processes on 1: 2 accumulation steps keep its global batch of 32" in result.stdout
     assert f"at step {RESUMED_AT} (epoch 1, step {RESUMED_AT - STEPS_PER_EPOCH} in it)" in result.stdout
-    worst = largest_difference(fsdp["output_dir"], tmp_path, relative=True)
+    worst = largest_difference(fsdp["output_dir"], tmp_path, relative=True, skip=NOISE_ONLY)
     assert worst <= RESHAPED_RTOL, f"largest relative weight difference {worst:.3g}"
+    resumed = json.loads((tmp_path / "metrics.json").read_text())
+    assert resumed["eval_loss"] == pytest.approx(fsdp["metrics"]["eval_loss"], abs=EVAL_LOSS_ATOL)
 
 
 # ---- the launch scripts: SIGTERM and a killed worker ---------------------------------------------
