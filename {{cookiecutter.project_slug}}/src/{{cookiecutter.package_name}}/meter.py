@@ -9,10 +9,8 @@ import torch.distributed as dist
 
 
 class LossMeter:
-    """Sums losses on the device; flush() averages them over steps and ranks with one all_reduce.
-
-    Reading a loss back at every step (.item()) would make the CPU wait for the GPU each time.
-    """
+    """Sums losses on the device, as reading one back at every step (.item()) would make the CPU wait for
+    the GPU each time; flush() averages them over steps and ranks with one all_reduce."""
 
     def __init__(self, device: torch.device, step: int) -> None:
         self.window = torch.zeros(2, device=device)  # loss sum, examples, since the last flush
