@@ -392,9 +392,8 @@ def loss_scale(scaler: torch.amp.GradScaler) -> torch.Tensor:
 
 def take_back_skipped_steps(scheduler: torch.optim.lr_scheduler.LRScheduler, skipped: torch.Tensor) -> None:
     """Set the schedule back over the `skipped` steps the GradScaler skipped since the last call (a step
-    that changed no weight should not move it). Called at a log line, where the CPU waits for the GPU
-    anyway; until then the rate runs those steps ahead. transformers' schedules are LambdaLRs: the rate
-    follows the step count alone."""
+    that changed no weight should not move it; until this call the rate runs those steps ahead).
+    transformers' schedules are LambdaLRs: the rate follows the step count alone."""
     scheduler.last_epoch -= int(skipped) + 1
     scheduler.step()
     skipped.zero_()
