@@ -68,7 +68,6 @@ KEPT_ONLY_WHEN = {
     ("training_loop", "native"): (
         "src/{package}/batching.py",
         "src/{package}/checkpoint.py",
-        "src/{package}/meter.py",
         "src/{package}/sharding.py",
         "src/{package}/trackers.py",
         "tests/test_batching.py",

@@ -171,7 +171,6 @@ PER_LOOP_FILES = {
 NATIVE_ONLY_FILES = {
     f"src/{PACKAGE}/batching.py",
     f"src/{PACKAGE}/checkpoint.py",
-    f"src/{PACKAGE}/meter.py",
     f"src/{PACKAGE}/sharding.py",
     f"src/{PACKAGE}/trackers.py",
     "tests/test_batching.py",
@@ -469,7 +468,6 @@ README_TEXT_ONLY_FOR = {
     ("training_loop", "native"): [
         "`batching.py`",
         "`checkpoint.py`",
-        "`meter.py`",
         "`sharding.py`",
         "`trackers.py`",
         "the `GradScaler` skipped",

@@ -1,19 +1,11 @@
 """The native loop's checkpoints: save (atomically), load and rotate (resume.py finds the newest).
 
-output_dir/checkpoint-N holds:
-- model_and_optimizer/: the trained weights and AdamW's state, written by torch.distributed.checkpoint
-  (DCP). Under --fsdp each rank writes its shards; under DDP, whose ranks hold the same, each tensor is
-  written once. DCP reshards on load, so a checkpoint resumes on another number of processes and with or
-  without --fsdp, whichever wrote it. With LoRA only the trainable tensors (adapters and head), not the
-  frozen base.
-- config.json (with LoRA, adapter_config.json instead), the tokenizer and batch_plan.json;
-- training_state.pt, written last: the state_dict() of the other parts the loop hands the Checkpointer
-  (schedule, scaler, and its own place in the data, log history and time trained), every rank's RNG
-  state, and the labels and model type a resume must match.
-As torchtitan's checkpointer, it knows those parts only by state_dict() and load_state_dict(), and nothing
-of the loop. Every rank writes into tmp-checkpoint-N, which rank 0 renames in one step once it is whole,
-so a folder named checkpoint-N is complete. The final model in output_dir is no checkpoint: train.py
-writes it with save_pretrained.
+output_dir/checkpoint-N holds model_and_optimizer/ (the weights and AdamW's state, through
+torch.distributed.checkpoint, which reshards on load; with LoRA only the trainable tensors), config.json
+(with LoRA, adapter_config.json), the tokenizer, batch_plan.json and, written last, training_state.pt: the
+state_dict() of the parts the loop hands over (schedule, scaler, its position), every rank's RNG state,
+and the labels and model type a resume must match. As torchtitan's checkpointer, it knows those parts
+only as Stateful, and nothing of the loop.
 """
 
 from __future__ import annotations
@@ -25,13 +17,13 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
 from transformers import PreTrainedTokenizerBase
 
 from . import resume
@@ -47,13 +39,6 @@ STATE_OPTIONS = StateDictOptions(ignore_frozen_params=True)
 LOAD_OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
-class Stateful(Protocol):
-    """What a checkpoint saves and restores: torch's schedules and GradScaler have these two."""
-
-    def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
-
-
 @dataclass
 class Checkpointer:
     """Writes the run into output_dir/checkpoint-<step> and reads it back. Every rank calls both."""
@@ -61,37 +46,35 @@ class Checkpointer:
     output_dir: str | Path
     save_total_limit: int | None
     model: torch.nn.Module  # the model itself (sharded in place under FSDP), not a DDP wrapper
-    optimizer: torch.optim.Optimizer  # saved with the model through DCP: its state is sharded as the weights are
+    optimizer: torch.optim.Optimizer  # saved with the model through DCP: its state is sharded as they are
     tokenizer: PreTrainedTokenizerBase
     labels: list[str]  # what this run trains for: a checkpoint of other labels is refused
     batch_plan: dict[str, int]  # BatchPlan.as_dict(): a checkpoint of another global batch is refused
-    parts: dict[str, Stateful | None]  # saved by name; None where the run has none (the scaler outside fp16)
+    parts: dict[str, Stateful | None]  # schedule and scaler by name; None where the run has none
     position: Stateful  # the loop's place in the run: its keys stand at the top of training_state.pt
 
     def save(self, step: int) -> None:
-        """Write checkpoint-<step>. Every rank takes part: each writes its shards and sends its RNG state to rank 0.
-
-        A crash mid-save leaves only tmp-checkpoint-N, which resume ignores, never a broken newest
-        checkpoint. (Nothing is fsynced: after a power loss some filesystems could keep the rename but
-        not the data.)
+        """Write checkpoint-<step>. Every rank writes its shards into tmp-checkpoint-<step> and sends its RNG
+        state to rank 0, which renames the folder once it is whole: a crash mid-save leaves only the tmp-
+        folder, which resume ignores. (Nothing is fsynced: after a power loss some filesystems could keep the
+        rename but not the data.)
         """
         rng_states = gather_rng_states()  # on rank 0; None on the others
         final = Path(self.output_dir, f"checkpoint-{step}")
         temporary = final.with_name(f"tmp-{final.name}")
         writing = [not final.exists()]  # it exists after a resume at the last step
-        if is_distributed():
-            dist.broadcast_object_list(writing, src=0)  # rank 0's view: DCP's save needs every rank or none
-        if not writing[0]:
-            return
-        if rng_states is not None:
+        if rng_states is not None and writing[0]:
             shutil.rmtree(temporary, ignore_errors=True)
         if is_distributed():
-            dist.barrier()  # nobody writes a shard into a folder rank 0 is still removing
+            # Rank 0's view, sent once it removed the old tmp- folder: DCP's save needs every rank or none.
+            dist.broadcast_object_list(writing, src=0)
+        if not writing[0]:
+            return
         # Returns once every rank's shards are written (without a process group: this one's).
         with without_dcp_notices():
             dcp.save(self.sharded_state(), checkpoint_id=temporary / SHARDED_STATE)
         if rng_states is not None:
-            if is_lora(self.model):  # adapter_config.json, its LoRA rank; no config.json, as its weights are no model
+            if is_lora(self.model):  # adapter_config.json (its LoRA rank); no config.json: no model's weights
                 self.model.peft_config["default"].save_pretrained(temporary)
             else:
                 self.model.config.save_pretrained(temporary)
@@ -104,7 +87,10 @@ class Checkpointer:
                       "labels": self.labels, "model_type": self.model.config.model_type}
             torch.save(state, temporary / TRAINING_STATE)
             temporary.replace(final)
-            rotate_checkpoints(self.output_dir, self.save_total_limit)
+            limit = self.save_total_limit
+            if limit is not None and limit > 0:  # keep the newest `limit` checkpoints
+                for old in resume.complete_checkpoints(self.output_dir, TRAINING_STATE)[:-limit]:
+                    shutil.rmtree(old, ignore_errors=True)
         if is_distributed():
             dist.barrier()  # nobody reads or rotates checkpoints until the new one is in place
 
@@ -147,7 +133,8 @@ class Checkpointer:
         metadata = dcp.FileSystemReader(checkpoint / SHARDED_STATE).read_metadata().state_dict_metadata
         saved = {name.removeprefix("model."): tuple(entry.size) for name, entry in metadata.items()
                  if name.startswith("model.")}
-        own, model_type = {name: tuple(tensor.shape) for name, tensor in weights.items()}, self.model.config.model_type
+        own = {name: tuple(tensor.shape) for name, tensor in weights.items()}
+        model_type = self.model.config.model_type
         mismatched = sorted(name for name in own.keys() | saved.keys() if own.get(name) != saved.get(name))
         if state["labels"] != self.labels or state["model_type"] != model_type or mismatched:
             raise ConfigError(
@@ -167,12 +154,6 @@ def without_dcp_notices():
         warnings.filterwarnings("ignore", r"torch\.distributed is (disabled, )?unavailable or uninitialized")
         warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)
         yield
-
-
-def rotate_checkpoints(output_dir: str | Path, limit: int | None) -> None:
-    if limit is not None and limit > 0:
-        for old in resume.complete_checkpoints(output_dir, TRAINING_STATE)[:-limit]:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 def gather_rng_states() -> list[dict] | None:

@@ -1,21 +1,14 @@
 """--fsdp: the model sharded over the ranks with FSDP2 (torch.distributed.fsdp.fully_shard).
 
-DDP keeps a whole copy of the weights, their gradients and AdamW's two moments on every rank. FSDP2
-keeps 1/world_size of each: every transformer block is sharded on its own, then the root (embeddings,
-head, the rest), so that one block at a time is gathered whole in the forward and backward passes.
-Each parameter becomes a DTensor holding this rank's shard; its gradient arrives already averaged over
-the ranks and sharded (a reduce-scatter), and AdamW steps the shards. The rest of the loop stays as
-under DDP; this module holds what differs: wrapping, accumulation, the gradient check, and gathering the
-weights once for the final save_pretrained. The blocks (modeling.transformer_blocks), evaluation on whole
-weights and the gather itself (distributed.whole_weights, gathered_on_rank0) are shared with the Trainer's
---fsdp.
+DDP keeps whole weights, gradients and AdamW's moments on every rank; FSDP2 keeps 1/world_size of each,
+as DTensor shards: gradients arrive averaged and sharded (a reduce-scatter), and AdamW steps the shards.
+Here: wrapping, the gradient check, and the final weights gathered once. Shared with the Trainer's
+--fsdp: the blocks (modeling.transformer_blocks) and whole weights (distributed.whole_weights).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -30,14 +23,15 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "no": None}
 
 
 def shard_model(model: torch.nn.Module, device: torch.device, world_size: int, precision: str) -> torch.nn.Module:
-    """fully_shard each transformer block, then the root, over all ranks; returns the model, sharded in place.
+    """fully_shard each transformer block, then the root (so that one block at a time is gathered whole),
+    over all ranks; returns the model, sharded in place.
 
     Mixed precision is FSDP's own: each block is gathered and computes in bf16 or fp16 (param_dtype), its
     gradients are reduced in fp32 (reduce_dtype), and the shards AdamW steps stay fp32. autocast is not
     used on top (train.py), as torchtitan does. Each rank keeps its slice of its own copy, where DDP
     broadcasts rank 0's: the copies must be equal, as build_job makes them (the same seed everywhere).
     """
-    mesh = init_device_mesh(device.type, (world_size,))  # explicit: on CPU too (gloo), not the default CUDA one
+    mesh = init_device_mesh(device.type, (world_size,))  # explicit: CPU (gloo) too, not CUDA only
     policy = MixedPrecisionPolicy(param_dtype=DTYPES[precision], reduce_dtype=torch.float32)
     blocks = transformer_blocks(model)
     for block in blocks:
@@ -52,34 +46,21 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-@contextlib.contextmanager
-def no_gradient_sync(model: FSDPModule) -> Iterator[None]:
-    """FSDP's counterpart of DDP's no_sync(): the backward passes inside accumulate whole, unreduced
-    gradients on each rank (memory of one whole gradient) and communicate nothing; the next backward
-    outside reduce-scatters the sum."""
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)
-
-
 def assert_shards_reduced(model: torch.nn.Module) -> None:
-    """After the first step: every trainable shard holds its gradient. A shard without one was never
-    reduce-scattered, and its rank would step on nothing. (The shards differ between ranks by design,
-    so they are not compared across ranks as DDP's whole gradients are.)"""
+    """After the first step: every trainable shard holds its gradient, or its rank would step on nothing.
+    (Shards differ between ranks by design: they are not compared as DDP's whole gradients are.)"""
     missing = [name for name, p in model.named_parameters()
                if isinstance(p, DTensor) and p.requires_grad and p.grad is None]
     if missing:
-        raise RuntimeError(f"FSDP reduced no gradient into {len(missing)} trainable parameter(s) after the first "
-                           f"step ({', '.join(missing[:3])}): either the forward never uses them, or gradient "
-                           "sync was left off on the last micro-step")
+        raise RuntimeError(f"FSDP reduced no gradient into {len(missing)} trainable parameter(s) after the "
+                           f"first step ({', '.join(missing[:3])}): either the forward never uses them, or "
+                           "gradient sync was left off on the last micro-step")
 
 
 def gather_final_weights(model: torch.nn.Module) -> tuple[dict, dict | None]:
-    """What the final save_pretrained writes, gathered once, whole on rank 0 ({} elsewhere): the model's
-    state_dict; with LoRA, its trainable tensors (adapters and head, all that peft's save_pretrained keeps)
-    and the base's (modeling.save_lora_base), so that no weight is gathered twice. Every rank calls it."""
+    """What the final save_pretrained writes, whole on rank 0 ({} elsewhere): the model's state_dict; with
+    LoRA, its trainable tensors (all that peft's save_pretrained keeps) and the base's
+    (modeling.save_lora_base), so that no weight is gathered twice. Every rank calls it."""
     state = model.state_dict()
     if not is_lora(model):
         return gathered_on_rank0(state), None

@@ -1,11 +1,9 @@
 """Fine-tune a sequence classifier with an explicit PyTorch DDP loop, on one process or under torchrun.
 
-The run, top to bottom: join torchrun's process group; load and tokenise the data; build the model
-(wrapped in DistributedDataParallel, or with --fsdp sharded by FSDP2), the optimizer and the schedule;
-resume from the newest checkpoint; run the epoch loop, whose optimizer step is written out in `train`;
-evaluate once over exactly the eval set; write metrics.json; with --do_predict, predict --test_file. No
-Trainer and no accelerate: this file starts the process group itself, and every step is here to read and
-change.
+The run, top to bottom: join torchrun's process group; load and tokenise the data; build the model (in
+DistributedDataParallel, or sharded by FSDP2 with --fsdp), the optimizer and the schedule; resume from the
+newest checkpoint; train, each optimizer step written out in `train`; evaluate once over exactly the eval
+set; write metrics.json; with --do_predict, predict --test_file. No Trainer and no accelerate.
 """
 
 from __future__ import annotations
@@ -24,6 +22,7 @@ from functools import partial
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
@@ -45,7 +44,6 @@ from .distributed import (
     start_distributed,
     whole_weights,
 )
-from .meter import LossMeter
 from .metrics import (
     add_run_totals,
     finished_message,
@@ -65,7 +63,7 @@ from .modeling import (
 )
 from .results import write_results
 from .resume import agree_on_resume_checkpoint
-from .sharding import assert_shards_reduced, gather_final_weights, is_sharded, no_gradient_sync, shard_model
+from .sharding import assert_shards_reduced, gather_final_weights, is_sharded, shard_model
 from .stopping import StopRequest
 from .torchrun import STOPPED_EXIT_CODE, TorchrunEnv
 from .trackers import Tracker, start_tracker
@@ -94,10 +92,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def setup_distributed(args: TrainingArguments) -> tuple[TorchrunEnv, torch.device, str]:
-    """Which process this is, its device (pinned) and precision; the process group started (none without torchrun)."""
+    """Which process this is, its device (pinned) and precision; the process group started (if torchrun's)."""
     env = TorchrunEnv.read()
-    settings = resolve_device_settings(args.mixed_precision, fp16=args.fp16, bf16=args.bf16, use_cpu=args.use_cpu,
-                                       ddp_backend=args.ddp_backend)
+    settings = resolve_device_settings(args.mixed_precision, fp16=args.fp16, bf16=args.bf16,
+                                       use_cpu=args.use_cpu, ddp_backend=args.ddp_backend)
     setup_logging(env.is_main_process)
     device = start_distributed(settings, args.ddp_timeout)
     if args.tf32 is not None and device.type == "cuda":
@@ -111,6 +109,7 @@ class Job:
     """What the loop works on, and where it is."""
 
     args: TrainingArguments
+    data_args: DataArguments  # test_file and preprocessing_num_workers, for --do_predict
     env: TorchrunEnv
     device: torch.device  # this rank's
     precision: str  # "bf16", "fp16" or "no"
@@ -120,21 +119,18 @@ class Job:
     sampler: ResumableSampler
     train_loader: DataLoader
     plan: BatchPlan
-    model: torch.nn.Module  # what the loop calls: DistributedDataParallel(module) when distributed, without --fsdp
+    model: torch.nn.Module  # what the loop calls: DDP(module) when distributed without --fsdp, else module
     module: torch.nn.Module  # the model itself (with LoRA, in its peft wrapper; sharded in place by --fsdp)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler | None  # fp16 only: loss scaling keeps small gradients from flushing to zero
-    autocast_precision: str  # precision, or "no" under FSDP, whose MixedPrecisionPolicy casts instead
+    tracker: Tracker | None  # --report_to's, on rank 0 (trackers.py)
     step: int = 0  # optimizer steps taken, over all runs of this job
     epoch: int = 0
     step_in_epoch: int = 0
     history: list[dict] = field(default_factory=list)  # the logged lines, also saved in checkpoints
     totals: dict = field(default_factory=dict)  # time and examples trained up to the last checkpoint
     stopped: bool = False  # by SIGTERM, at a step every rank reached (StopRequest)
-    test_file: str | None = None  # rows to predict at the end, with --do_predict
-    preprocessing_num_workers: int | None = None  # processes that tokenise them
-    tracker: Tracker | None = None  # --report_to's, on rank 0 (trackers.py)
     checkpointer: Checkpointer = field(init=False)  # saves the optimizer, schedule, scaler and state_dict()
 
     def state_dict(self) -> dict:
@@ -149,8 +145,8 @@ class Job:
 
 
 def set_seed(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's generators (torch's on every device), as transformers' set_seed
-    does; that one lives in its trainer utilities, whose import pulls in peft (seconds) for a run without LoRA."""
+    """Seed Python's, NumPy's and torch's generators (on every device), as transformers.set_seed does: its
+    import pulls in peft (seconds) for a run without LoRA."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -184,14 +180,13 @@ def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args
     # --warmup_steps below 1 is a fraction of all steps, as in transformers.TrainingArguments.
     warmup = math.ceil(args.warmup_steps * plan.total_steps) if args.warmup_steps < 1 else int(args.warmup_steps)
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, warmup, plan.total_steps)
-    # Under FSDP each rank sees only its shards' overflow: the sharded scaler agrees on the skip over all ranks.
-    scaler = (ShardedGradScaler("cuda") if is_sharded(model) else torch.amp.GradScaler("cuda")) if (
-        precision == "fp16") else None
-    job = Job(args, env, device, precision, tokenizer, data, collator, sampler, train_loader, plan, model, module,
-              optimizer, scheduler, scaler, "no" if is_sharded(model) else precision, test_file=data_args.test_file,
-              preprocessing_num_workers=data_args.preprocessing_num_workers)
-    job.tracker = start_tracker(args.report_to, args.output_dir, vars(model_args) | vars(data_args) | vars(args),
-                                env.is_main_process)  # the run id in output_dir: a resume continues its run
+    scaler = None
+    if precision == "fp16":  # under FSDP a rank sees its shards' overflow: ShardedGradScaler agrees on it
+        scaler = ShardedGradScaler("cuda") if is_sharded(model) else torch.amp.GradScaler("cuda")
+    tracker = start_tracker(args.report_to, args.output_dir, vars(model_args) | vars(data_args) | vars(args),
+                            env.is_main_process)  # the run id in output_dir: a resume continues its run
+    job = Job(args, data_args, env, device, precision, tokenizer, data, collator, sampler, train_loader, plan,
+              model, module, optimizer, scheduler, scaler, tracker)
     parts = {"scheduler": scheduler, "scaler": scaler}
     job.checkpointer = Checkpointer(args.output_dir, args.save_total_limit, module, optimizer, tokenizer,
                                     data.label_names, plan.as_dict(), parts, position=job)
@@ -210,15 +205,13 @@ def wrap_in_ddp(module: torch.nn.Module, args: TrainingArguments, env: TorchrunE
                 device: torch.device) -> torch.nn.Module:
     if env.world_size == 1:
         return module
-    # DDP all-reduces the gradients of the parameters that require one, no others: under LoRA, those
-    # of the adapters and the head.
+    # DDP all-reduces the gradients of the parameters that require one: under LoRA, the adapters' and head's.
     return DistributedDataParallel(
         module,  # its constructor broadcasts rank 0's weights, so every rank starts identical
         device_ids=[env.local_rank] if device.type == "cuda" else None,
         find_unused_parameters=args.ddp_find_unused_parameters,
         bucket_cap_mb=args.ddp_bucket_cap_mb,
-        # Buffers such as position ids never change in these models: syncing them before every
-        # forward would cost a collective per micro-step for nothing.
+        # Buffers such as position ids never change here: syncing them wastes a collective per micro-step.
         **{SYNC_BUFFERS: args.ddp_broadcast_buffers},
         # Gradients live in the all-reduce buckets, with no copy between the two; train() zeroes
         # them in place, which keeps that aliasing (set to None they would be re-made every step).
@@ -252,15 +245,18 @@ def train_and_evaluate(job: Job) -> dict[str, float]:
         if args.do_train:
             metrics.update(train(job) | parameter_counts(job.module))
             if job.stopped:  # by SIGTERM, after saving the step it reached
+                logger.info("stopped by SIGTERM at step %d, saved in checkpoint-%d: the same command resumes "
+                            "there", job.step, job.step)
                 raise SystemExit(STOPPED_EXIT_CODE)
             save_final_model(job)
-        if job.args.do_eval:
+        if args.do_eval:
             metrics.update(evaluate(job))
             if job.tracker is not None:  # the final evaluation too, as the Trainer's trackers get it
                 job.tracker.log(scalars(metrics), job.step)
         with whole_weights(job.module) if args.do_predict else contextlib.nullcontext():  # as in evaluate
             write_results(args, metrics, job.history, job.env.is_main_process, job.module, job.tokenizer,
-                          job.data.task, job.test_file, job.device, job.precision, job.preprocessing_num_workers)
+                          job.data.task, job.data_args.test_file, job.device, job.precision,
+                          job.data_args.preprocessing_num_workers)
         return metrics
     finally:
         if job.tracker is not None:
@@ -280,13 +276,13 @@ def save_final_model(job: Job) -> None:
 
 def train(job: Job) -> dict[str, float]:
     """The epoch loop. Each pass of the inner loop is one optimizer step over accumulated micro-batches."""
-    args, env, plan, model, optimizer, scaler = job.args, job.env, job.plan, job.model, job.optimizer, job.scaler
-    skip_sync = (model.no_sync if isinstance(model, DistributedDataParallel) else
-                 partial(no_gradient_sync, model) if is_sharded(model) else contextlib.nullcontext)
+    args, plan, model, optimizer, scaler = job.args, job.plan, job.model, job.optimizer, job.scaler
+    sharded, ddp = is_sharded(model), isinstance(model, DistributedDataParallel)
+    autocast_precision = "no" if sharded else job.precision  # FSDP's MixedPrecisionPolicy casts instead
     meter, first_step, stop, earlier = LossMeter(job.device, job.step), job.step, StopRequest(), dict(job.totals)
     skipped = torch.zeros((), dtype=torch.int64, device=job.device)  # by the GradScaler, since the last log
-    bar = tqdm(total=plan.total_steps, initial=job.step, desc="train", dynamic_ncols=True,
-               disable=not env.is_main_process or args.disable_tqdm or not sys.stderr.isatty())  # no bars in files
+    bar = tqdm(total=plan.total_steps, initial=job.step, desc="train", dynamic_ncols=True,  # no bars in files
+               disable=not job.env.is_main_process or args.disable_tqdm or not sys.stderr.isatty())
     while job.step < plan.total_steps and not job.stopped:
         # A new shuffle each epoch, the same on every rank. A resumed epoch starts just after the
         # examples already trained on (every earlier step of the epoch was full).
@@ -294,16 +290,19 @@ def train(job: Job) -> dict[str, float]:
         job.sampler.set_epoch(epoch, start=job.step_in_epoch * plan.accumulation_steps * plan.per_device_batch_size)
         batches = iter(job.train_loader)
         model.train()
-        while job.epoch == epoch and job.step < plan.total_steps:
+        while job.epoch == epoch and job.step < plan.total_steps and not job.stopped:
             micro_batches = list(itertools.islice(batches, plan.accumulation_steps))
             if not micro_batches:  # the batch plan promised them: a bug here, not a user error
                 raise RuntimeError(f"the train loader ran out before step {job.step + 1} (epoch {epoch})")
             for index, batch in enumerate(micro_batches):
                 batch = {key: value.to(job.device, non_blocking=True) for key, value in batch.items()}
                 # DDP all-reduces gradients during backward (FSDP reduce-scatters them). Between micro-steps
-                # that is wasted traffic: no_sync() skips it, and the last backward averages the accumulated sum.
-                with contextlib.nullcontext() if index == len(micro_batches) - 1 else skip_sync():
-                    with autocast(job.device, job.autocast_precision):
+                # that is wasted traffic: it is off then, and the last backward averages the accumulated sum.
+                last = index == len(micro_batches) - 1
+                if sharded:
+                    model.set_requires_gradient_sync(last)
+                with model.no_sync() if ddp and not last else contextlib.nullcontext():
+                    with autocast(job.device, autocast_precision):
                         # Each loss is a micro-batch mean; dividing by the micro-batch count makes the
                         # accumulated gradient the mean over the whole step, as one big batch would.
                         loss = model(**batch).loss / len(micro_batches)
@@ -351,13 +350,37 @@ def train(job: Job) -> dict[str, float]:
             if saving:
                 job.totals = add_run_totals(earlier, *meter.trained())
                 job.checkpointer.save(job.step)
-            if job.stopped:
-                logger.info("stopped by SIGTERM at step %d, saved in checkpoint-%d: the same command resumes there",
-                            job.step, job.step)
-                break
     bar.close()
     totals = add_run_totals(earlier, *meter.trained())
     return whole_run_metrics(job.history, totals, job.step) | {"epoch": job.step / plan.steps_per_epoch}
+
+
+class LossMeter:
+    """The running loss, summed on the device: reading it back at every step (.item()) would make the CPU
+    wait for the GPU each time. flush() averages it over steps and ranks with one all_reduce."""
+
+    def __init__(self, device: torch.device, step: int) -> None:
+        self.window = torch.zeros(2, device=device)  # loss sum, examples, since the last flush
+        self.step, self.start_time, self.samples = step, time.perf_counter(), 0
+
+    def add(self, loss: torch.Tensor, samples: int) -> None:
+        self.window[0] += loss.detach().float()
+        self.window[1] += samples
+
+    def flush(self, step: int) -> dict[str, float]:
+        """The mean loss per step since the last flush, over every rank (a collective: call it on all)."""
+        if dist.is_initialized():
+            dist.all_reduce(self.window)
+        (loss_sum, samples), steps = self.window.tolist(), step - self.step
+        mean_loss = loss_sum / (dist.get_world_size() if dist.is_initialized() else 1) / steps
+        self.samples += int(samples)
+        self.window.zero_()
+        self.step = step
+        return {"loss": round(mean_loss, 4)}
+
+    def trained(self) -> tuple[float, int]:
+        """Seconds since this meter started, and examples (over all ranks) up to the last flush."""
+        return time.perf_counter() - self.start_time, self.samples
 
 
 def loss_scale(scaler: torch.amp.GradScaler) -> torch.Tensor:
@@ -369,9 +392,8 @@ def loss_scale(scaler: torch.amp.GradScaler) -> torch.Tensor:
 
 def take_back_skipped_steps(scheduler: torch.optim.lr_scheduler.LRScheduler, skipped: torch.Tensor) -> None:
     """Set the schedule back over the `skipped` steps the GradScaler skipped since the last call (a step
-    that changed no weight should not move it). Called at a log line, where the CPU waits for the GPU
-    anyway; until then the rate runs those steps ahead. transformers' schedules are LambdaLRs: the rate
-    follows the step count alone."""
+    that changed no weight should not move it; until this call the rate runs those steps ahead).
+    transformers' schedules are LambdaLRs: the rate follows the step count alone."""
     scheduler.last_epoch -= int(skipped) + 1
     scheduler.step()
     skipped.zero_()
