@@ -763,11 +763,11 @@ def test_every_function_and_class_the_package_defines_is_used_by_the_project(ren
 
 
 # What a render hands its user, in lines: its tests and test helpers, and its shell scripts (the
-# proofs stay in the template: tests/proofs/). src/ is held at the size it has reached and only goes
-# down; its lines over 110 characters at most as many as before the render was made lean.
+# proofs stay in the template: tests/proofs/). src/ and its lines over 110 characters are held at the
+# counts they have come down to (README.md, "What you get"): lower them as the code shrinks.
 TESTS_CAP, SHELL_CAP = 3000, 450
-SRC_CAP = {"native": 4131, "trainer": 3521}
-LONG_LINES_CAP = {"native": 168, "trainer": 154}
+SRC_CAP = {"native": 3762, "trainer": 3224}
+LONG_LINES_CAP = {"native": 68, "trainer": 88}
 
 
 def line_counts(paths: list[Path]) -> tuple[int, int]:
