@@ -76,7 +76,7 @@ class TrainingArguments:
                                 ["auto", "bf16", "fp16", "no"])
     fp16: bool = flag(False, "Same as --mixed_precision fp16.")
     bf16: bool = flag(False, "Same as --mixed_precision bf16.")
-    tf32: bool | None = flag(None, "TF32 matmuls on Ampere+ GPUs; None: torch's own.")
+    tf32: bool | None = flag(None, "TF32 matmuls on Ampere+ GPUs.")
     ddp_backend: str | None = flag(None, "None: nccl on GPU, gloo on CPU.", ["nccl", "gloo"])
     ddp_timeout: int = flag(1800, "Seconds before a stuck collective fails.")
     # Both False, unlike transformers: each search or sync costs every step, while the parameters the forward
