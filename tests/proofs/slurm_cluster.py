@@ -192,11 +192,15 @@ def _free_port() -> int:
 
 
 def _tail(path: Path, lines: int = 25) -> str:
+    """The last lines of a job's log, after the first lines anywhere in it that report an error: with two
+    nodes, the rank that failed first is often far above the tail, which shows the others' reactions."""
     try:
         text = path.read_text(errors="replace")
     except OSError as error:
         return f"({path}: {error})"
-    return "\n".join(text.splitlines()[-lines:])
+    errors = [line[:300] for line in text.splitlines() if re.search(r"Error\b|error:|^\s*raise ", line)][:12]
+    return ("first error lines:\n" + "\n".join(errors) + "\n--- last lines:\n" if errors else "") + "\n".join(
+        text.splitlines()[-lines:])
 
 
 def _start_time(pid: int) -> int | None:
