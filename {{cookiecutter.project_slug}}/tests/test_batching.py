@@ -6,7 +6,6 @@ compared with each other: disjoint, covering, length-grouped and the same from r
 
 from __future__ import annotations
 
-import itertools
 import json
 import random
 from pathlib import Path
@@ -109,30 +108,6 @@ def test_length_grouped_batches_pad_far_less_than_random_ones(world_size: int) -
     shuffled = [order[i:i + BATCH] for i in range(0, 1000, BATCH)]
     assert padding_fraction(lengths, shuffled) > 0.3
     assert padding_fraction(lengths, grouped) < 0.1
-
-
-def test_a_small_epoch_pads_almost_as_little_as_one_sorted_by_length() -> None:
-    lengths = lognormal_lengths(256)  # 32 steps of 8: 2 megabatches, where 4 of 8 steps padded 7% more
-    grouped = [shard[i:i + BATCH] for shard in shards(lengths, 2) for i in range(0, len(shard), BATCH)]
-    by_length = sorted(range(256), key=lengths.__getitem__)
-    least = [by_length[i:i + BATCH] for i in range(0, 256, BATCH)]  # the least padding any batching gets
-    padded = (sum(max(lengths[i] for i in batch) * len(batch) for batch in batches) for batches in (grouped, least))
-    assert next(padded) <= 1.04 * next(padded)
-
-
-def test_length_grouped_steps_are_shuffled_and_regrouped_every_epoch() -> None:
-    lengths = random.Random(0).sample(range(6, 600), 256)  # no ties; 32 steps: 2 megabatches of 16
-
-    def steps(epoch: int) -> list[list[int]]:
-        rank0, rank1 = shards(lengths, 2, epoch)
-        return [sorted(rank0[i:i + BATCH] + rank1[i:i + BATCH]) for i in range(0, len(rank0), BATCH)]
-
-    longest = [max(lengths[i] for i in step) for step in steps(0)]
-    # Not longest to shortest through each megabatch: there, about half the steps are longer than the one before.
-    assert sum(later > earlier for earlier, later in itertools.pairwise(longest)) > len(longest) // 4
-    # At least 2 megabatches: the examples that share a step change from epoch to epoch.
-    first, second = ({tuple(step) for step in steps(epoch)} for epoch in (0, 1))
-    assert len(first & second) < len(first) // 2
 
 
 def test_sampler_refuses_a_rank_outside_the_world() -> None:

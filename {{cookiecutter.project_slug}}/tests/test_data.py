@@ -1,4 +1,4 @@
-"""data.py: loading local files, label names, tokenising and the collator.
+"""data.py: loading local files, label names, tokenising, the collator and the steps of similar length.
 
 The tokenizer is the tiny offline one from smoke.py; data is built in memory or written into tmp_path.
 """
@@ -6,16 +6,20 @@ The tokenizer is the tiny offline one from smoke.py; data is built in memory or 
 from __future__ import annotations
 
 import csv
+import itertools
 import json
+import random
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import in_memory, names_from, package_module, task_of
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 
 ConfigError = names_from("config", "ConfigError")
-DataArguments, build_collator, label_names, load_raw_datasets, tokenize_datasets = names_from(
-    "data", "DataArguments", "build_collator", "label_names", "load_raw_datasets", "tokenize_datasets"
+DataArguments, build_collator, label_names, length_grouped_steps, load_raw_datasets, tokenize_datasets = names_from(
+    "data", "DataArguments", "build_collator", "label_names", "length_grouped_steps", "load_raw_datasets",
+    "tokenize_datasets"
 )
 smoke = package_module("smoke")
 
@@ -196,3 +200,41 @@ def test_collator_pads_to_a_multiple_of_8_only_under_mixed_precision() -> None:
     assert build_collator(tokenizer, mixed_precision=True)(features_of_lengths(4, 10))["input_ids"].shape == (2, 16)
     assert build_collator(tokenizer, mixed_precision=True)(features_of_lengths(4, 16))["input_ids"].shape == (2, 16)
     assert build_collator(tokenizer, mixed_precision=False)(features_of_lengths(4, 10))["input_ids"].shape == (2, 10)
+
+
+# ---- steps of similar length (--train_sampling_strategy group_by_length, both loops) --------------
+
+
+def grouped(lengths: list[int], step: int, epoch: int = 0) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(epoch)
+    return length_grouped_steps(torch.randperm(len(lengths), generator=generator).tolist(), lengths, step, generator)
+
+
+def test_a_small_epoch_pads_almost_as_little_as_one_sorted_by_length() -> None:
+    rng = random.Random(0)
+    lengths = [min(120, max(6, int(rng.lognormvariate(3.0, 0.7)))) for _ in range(256)]  # long-tailed, as reviews
+    # 32 steps of 8, 2 ranks of 4: 2 megabatches, where a rule of at least 4 padded 7% more.
+    batches = [step[i:i + 4] for step in grouped(lengths, 8) for i in (0, 4)]
+    by_length = sorted(range(256), key=lengths.__getitem__)
+    least = [by_length[i:i + 4] for i in range(0, 256, 4)]  # the least padding any batching gets
+    padded = (sum(max(lengths[i] for i in batch) * len(batch) for batch in every) for every in (batches, least))
+    assert next(padded) <= 1.04 * next(padded)
+    assert sorted(i for step in grouped(lengths, 8) for i in step) == list(range(256))
+
+
+def test_steps_are_sorted_shuffled_regrouped_every_epoch_and_the_longest_first() -> None:
+    lengths = random.Random(0).sample(range(6, 600), 256)  # no ties; 32 steps of 8: 2 megabatches of 16
+    steps = grouped(lengths, 8)
+    assert all([lengths[i] for i in step] == sorted((lengths[i] for i in step), reverse=True) for step in steps)
+    longest = [lengths[step[0]] for step in steps]
+    assert longest[0] == max(lengths)  # an out-of-memory error shows at step 1
+    # Not longest to shortest through each megabatch: there, about half the steps are longer than the one before.
+    assert sum(later > earlier for earlier, later in itertools.pairwise(longest)) > len(longest) // 4
+    # At least 2 megabatches: the examples that share a step change from epoch to epoch.
+    first, second = ({tuple(sorted(step)) for step in grouped(lengths, 8, epoch)} for epoch in (0, 1))
+    assert len(first & second) < len(first) // 2
+
+
+def test_a_short_last_step_stays_last() -> None:
+    steps = grouped(list(range(1, 38)), 8)  # 37 examples: 4 steps of 8, then 5
+    assert [len(step) for step in steps] == [8, 8, 8, 8, 5]

@@ -6,6 +6,8 @@ In process, one parse per test: no torchrun, no network.
 
 from __future__ import annotations
 
+import itertools
+import random
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -167,12 +169,15 @@ def test_fsdp_where_accelerate_would_not_shard_is_refused_at_the_runs_setup(kind
 # ---- the length-grouped order: a function of (seed, epoch) only -----------------------------------
 
 
+def trainer_at(epoch: float, seed: int = 42, world_size: int = 2) -> SimpleNamespace:
+    return SimpleNamespace(args=SimpleNamespace(train_batch_size=4, gradient_accumulation_steps=2, seed=seed,
+                                                world_size=world_size), state=SimpleNamespace(epoch=epoch))
+
+
 def sampler_at(epoch: float, seed: int = 42) -> list[int]:
     """The order a fresh EpochSeededLengthGroupedSampler gives when the Trainer stands at `epoch`."""
-    trainer = SimpleNamespace(args=SimpleNamespace(train_batch_size=4, gradient_accumulation_steps=2, seed=seed),
-                              state=SimpleNamespace(epoch=epoch))
     lengths = [(7 * index) % 50 + 1 for index in range(64)]
-    return list(train.EpochSeededLengthGroupedSampler(trainer, lengths))
+    return list(train.EpochSeededLengthGroupedSampler(trainer_at(epoch, seed), lengths))
 
 
 def test_length_grouped_order_is_the_same_on_every_rank_and_new_each_epoch() -> None:
@@ -184,13 +189,21 @@ def test_length_grouped_order_is_the_same_on_every_rank_and_new_each_epoch() -> 
 
 def test_a_run_resumed_mid_epoch_replays_that_epochs_order() -> None:
     """Upstream the generator carries on from epoch to epoch and no checkpoint saves it."""
-    sampler = train.EpochSeededLengthGroupedSampler(
-        SimpleNamespace(args=SimpleNamespace(train_batch_size=4, gradient_accumulation_steps=2, seed=42),
-                        state=SimpleNamespace(epoch=0.0)), [(7 * index) % 50 + 1 for index in range(64)])
+    sampler = train.EpochSeededLengthGroupedSampler(trainer_at(0.0), [(7 * index) % 50 + 1 for index in range(64)])
     list(sampler)  # epoch 0 drawn: a carried-on generator would now be elsewhere
     sampler.trainer.state.epoch = 1.0
     uninterrupted = list(sampler)
     assert sampler_at(1.5) == uninterrupted  # a fresh process resumed half-way through epoch 1
+
+
+def test_the_ranks_batches_at_each_step_come_from_one_step_of_similar_lengths() -> None:
+    """accelerate deals the loader's batches (train_batch_size each) out to the ranks in turn."""
+    lengths = random.Random(0).sample(range(6, 600), 96)
+    order = list(train.EpochSeededLengthGroupedSampler(trainer_at(0.0), lengths))
+    batches = [order[i:i + 4] for i in range(0, 96, 4)]
+    for step in range(0, len(batches), 4):  # 2 ranks x 2 accumulation steps of 4 examples
+        dealt = [[lengths[i] for i in batch] for batch in batches[step:step + 4]]
+        assert all(min(earlier) >= max(later) for earlier, later in itertools.pairwise(dealt))
 
 
 # ---- train.py's checks around the Trainer -------------------------------------------------------

@@ -21,6 +21,7 @@ from datasets import Dataset
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from .config import batch_split, check_batch_fits, read_batch_plan
+from .data import length_grouped_steps
 from .stopping import keep_through_sigterm
 from .training_args import TrainingArguments
 
@@ -31,10 +32,10 @@ logger = logging.getLogger(__name__)
 class DistributedLengthGroupedSampler(Sampler[int]):
     """This rank's share of each epoch, in batches of examples of similar length, for less padding.
 
-    Each epoch: shuffle, cut into megabatches, sort each by length, cut it into optimizer steps
-    (batch_size x num_replicas x accumulation_steps consecutive examples) and shuffle those steps;
-    rank r takes slice r of each batch_size x num_replicas of them. The ranks then run batches of
-    about the same length at the same step, so none waits long for the others at the all-reduce.
+    Each epoch: shuffle, then cut into optimizer steps of similar length (data.length_grouped_steps) of
+    batch_size x num_replicas x accumulation_steps examples, each sorted longest first; rank r takes
+    slice r of each batch_size x num_replicas of them. The ranks then run batches of about the same
+    length at the same step, so none waits long for the others at the all-reduce.
     """
 
     lengths: Sequence[int]
@@ -65,22 +66,7 @@ class DistributedLengthGroupedSampler(Sampler[int]):
         order = list(itertools.islice(itertools.cycle(order), len(self) * self.num_replicas))
 
         global_batch = self.batch_size * self.num_replicas  # one micro-step of all ranks
-        step = global_batch * self.accumulation_steps
-        # Up to 50 steps per megabatch, and at least 2 megabatches, so that the examples sharing a
-        # step change from epoch to epoch. Its steps are shuffled: lengths do not fall through it.
-        megabatch = step * max(1, min(50, len(order) // (step * 2)))
-        steps = []
-        for start in range(0, len(order), megabatch):
-            group = sorted(order[start : start + megabatch], key=self.lengths.__getitem__, reverse=True)
-            cut = [group[i : i + step] for i in range(0, len(group), step)]
-            whole = len(group) // step  # a short last step stays last (see below)
-            steps += [cut[i] for i in torch.randperm(whole, generator=generator).tolist()] + cut[whole:]
-        # Longest full step first, so an out-of-memory error shows at step 1, not hours in. (A short
-        # last step stays last: moved up, it would shift every rank's later batch boundaries.)
-        full = [s for s in range(len(steps)) if len(steps[s]) == step]
-        if full:
-            longest = max(full, key=lambda s: self.lengths[steps[s][0]])
-            steps[0], steps[longest] = steps[longest], steps[0]
+        steps = length_grouped_steps(order, self.lengths, global_batch * self.accumulation_steps, generator)
         for examples in steps:
             for start in range(0, len(examples), global_batch):
                 batch = examples[start : start + global_batch]

@@ -1,14 +1,17 @@
-"""Loading, the task (problem type and labels), and tokenising; shared by both training loops and predict."""
+"""Loading, the task (problem type and labels), tokenising and grouping by length; shared by both training
+loops and predict."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from itertools import chain
 from pathlib import Path
 
 import datasets
+import torch
 from datasets import ClassLabel, Dataset, DatasetDict, LargeList, List, Value
 from transformers import DataCollatorWithPadding, PreTrainedConfig, PreTrainedTokenizerBase
 
@@ -259,3 +262,27 @@ class ClassificationCollator(DataCollatorWithPadding):
 def build_collator(tokenizer: PreTrainedTokenizerBase, mixed_precision: bool) -> ClassificationCollator:
     # Multiples of 8 let tensor cores run the padded matmuls at full speed.
     return ClassificationCollator(tokenizer, pad_to_multiple_of=8 if mixed_precision else None)
+
+
+def length_grouped_steps(order: list[int], lengths: Sequence[int], step: int,
+                         generator: torch.Generator) -> list[list[int]]:
+    """An epoch's shuffled `order` cut into optimizer steps of `step` examples of similar length, for less
+    padding: --train_sampling_strategy group_by_length, in both loops.
+
+    Megabatches of up to 50 steps, and at least 2, so that the examples sharing a step change from epoch to
+    epoch: each is sorted by length, cut into steps, and its steps shuffled, so that lengths do not fall
+    through it. The longest full step goes first, so that an out-of-memory error shows at step 1, not hours
+    in. A short last step stays last: moved up, it would shift every rank's later batch boundaries.
+    """
+    megabatch = step * max(1, min(50, len(order) // (step * 2)))
+    steps = []
+    for start in range(0, len(order), megabatch):
+        group = sorted(order[start : start + megabatch], key=lengths.__getitem__, reverse=True)
+        cut = [group[i : i + step] for i in range(0, len(group), step)]
+        whole = len(group) // step
+        steps += [cut[i] for i in torch.randperm(whole, generator=generator).tolist()] + cut[whole:]
+    full = [index for index, examples in enumerate(steps) if len(examples) == step]
+    if full:
+        longest = max(full, key=lambda index: lengths[steps[index][0]])
+        steps[0], steps[longest] = steps[longest], steps[0]
+    return steps

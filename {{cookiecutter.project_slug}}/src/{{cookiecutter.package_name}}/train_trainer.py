@@ -9,6 +9,7 @@ write metrics.json; with --do_predict, predict --test_file (predict.py).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -19,9 +20,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import transformers
+from torch.utils.data import Sampler
 from transformers import EvalPrediction, Trainer, TrainerCallback, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
-from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from .config import (
     BATCH_PLAN,
@@ -32,7 +33,7 @@ from .config import (
     check_batch_fits,
     parse_args,
 )
-from .data import Task, build_collator, load_data
+from .data import Task, build_collator, length_grouped_steps, load_data
 from .distributed import (
     agree_on_precision,
     assert_gradients_synchronised,
@@ -251,23 +252,30 @@ class ProgressBar(ProgressCallback):
         pass  # JsonLogLines writes them
 
 
-class EpochSeededLengthGroupedSampler(LengthGroupedSampler):
-    """The Trainer's length-grouped order, shuffled by a generator seeded with (seed, epoch) at each epoch.
+class EpochSeededLengthGroupedSampler(Sampler[int]):
+    """--train_sampling_strategy group_by_length: the native loop's steps of similar length
+    (data.length_grouped_steps), drawn with a generator seeded with (seed, epoch) at each epoch.
 
-    Upstream the generator carries on from epoch to epoch, and no checkpoint saves it: a run resumed
-    in epoch e would train on another order than the run it continues, and its weights would differ.
-    Seeded per epoch, the order is the same on every rank and after any resume.
+    Upstream's LengthGroupedSampler carries its generator on from epoch to epoch, and no checkpoint saves
+    it: a run resumed in epoch e would train on another order than the run it continues, and its weights
+    would differ. Seeded per epoch, the order is the same on every rank and after any resume. accelerate
+    deals its batches out to the ranks in turn, so the batches of one optimizer step, on every rank, come
+    from one step of similar lengths.
     """
 
     def __init__(self, trainer: Trainer, lengths: list[int]) -> None:
-        batch_size = trainer.args.train_batch_size * trainer.args.gradient_accumulation_steps
-        super().__init__(batch_size, lengths=lengths, generator=torch.Generator())
-        self.trainer = trainer
+        self.trainer, self.lengths = trainer, list(lengths)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
 
     def __iter__(self):
+        args = self.trainer.args
         # state.epoch is the epoch about to start, or after a resume the fraction reached in it.
-        self.generator.manual_seed(self.trainer.args.seed + math.floor(self.trainer.state.epoch + 1e-6))
-        return super().__iter__()
+        generator = torch.Generator().manual_seed(args.seed + math.floor(self.trainer.state.epoch + 1e-6))
+        order = torch.randperm(len(self.lengths), generator=generator).tolist()
+        step = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
+        return itertools.chain.from_iterable(length_grouped_steps(order, self.lengths, step, generator))
 
 
 def with_loader_workers_kept_through_sigterm(loader):
