@@ -12,6 +12,7 @@ ratio, not the absolute numbers.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -20,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from workload import MAX_TOKENS, imdb_like_rows, render, save_model, smoke_module, write_jsonl
+from workload import MAX_TOKENS, PACKAGE, imdb_like_rows, render, save_model, smoke_module, write_jsonl
 
 # The smoke model's size, with room for 512 positions.
 MODEL_CONFIG = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128}
@@ -75,13 +76,16 @@ def main() -> None:
 
         import torch
         from transformers import AutoTokenizer
-        from transformers.trainer_pt_utils import get_length_grouped_indices
 
+        data = importlib.import_module(f"{PACKAGE}.data")  # the render's src/ is on sys.path (smoke_module)
         tokenizer = AutoTokenizer.from_pretrained(data_dir / "model")
         texts = [json.loads(line)["text"] for line in (data_dir / "train.jsonl").read_text().splitlines()]
         lengths = [len(ids) for ids in tokenizer(texts, truncation=True, max_length=MAX_TOKENS)["input_ids"]]
-        order_random = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(0)).tolist()
-        order_grouped = get_length_grouped_indices(lengths, args.batch_size, generator=torch.Generator().manual_seed(0))
+        generator = torch.Generator().manual_seed(0)
+        order_random = torch.randperm(len(lengths), generator=generator).tolist()
+        # Grouped as the loops group one process's epoch: that shuffle, then steps of batch_size.
+        steps = data.length_grouped_steps(order_random, lengths, args.batch_size, generator)
+        order_grouped = [index for step in steps for index in step]
         b = args.batch_size
         pad = {
             "random": padding_share(lengths, [order_random[i : i + b] for i in range(0, len(lengths), b)]),

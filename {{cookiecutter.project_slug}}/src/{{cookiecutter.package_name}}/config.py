@@ -25,20 +25,23 @@ class ConfigError(ValueError):
     """A bad setting; the message says which one and what is accepted."""
 
 
+def flag(default, help: str, choices: list | None = None):  # noqa: A002 - argparse's own word
+    metadata = {"help": help} if choices is None else {"help": help, "choices": choices}
+    return field(default=default, metadata=metadata)
+
+
 @dataclass
 class ModelArguments:
     model_name_or_path: str = field(metadata={"help": "Hub id or save_pretrained folder."})
-    tokenizer_name: str | None = field(default=None, metadata={"help": "If not model_name_or_path's."})
-    cache_dir: str | None = field(default=None, metadata={"help": "Cache for models and datasets."})
-    revision: str = field(default="main", metadata={"help": "Branch, tag or commit."})
-    trust_remote_code: bool = field(default=False, metadata={"help": "Run model code from the Hub."})
-    ignore_mismatched_sizes: bool = field(
-        default=False, metadata={"help": "New head if label counts differ."})
-    lora_r: int = field(default=0, metadata={"help": "LoRA rank; 0: train every weight."})
-    lora_alpha: float = field(default=16, metadata={"help": "LoRA scale: updates times alpha / r."})
-    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA inputs."})
-    lora_target_modules: str = field(
-        default="all-linear", metadata={"help": "Layers to adapt, or all-linear."})
+    tokenizer_name: str | None = flag(None, "If not model_name_or_path's.")
+    cache_dir: str | None = flag(None, "Cache for models and datasets.")
+    revision: str = flag("main", "Branch, tag or commit.")
+    trust_remote_code: bool = flag(False, "Run model code from the Hub.")
+    ignore_mismatched_sizes: bool = flag(False, "New head if label counts differ.")
+    lora_r: int = flag(0, "LoRA rank; 0: train every weight.")
+    lora_alpha: float = flag(16, "LoRA scale: updates times alpha / r.")
+    lora_dropout: float = flag(0.05, "Dropout on the LoRA inputs.")
+    lora_target_modules: str = flag("all-linear", "Layers to adapt, or all-linear.")
 
     def __post_init__(self) -> None:
         if self.lora_r < 0:
@@ -53,26 +56,23 @@ class ModelArguments:
 
 @dataclass
 class DataArguments:
-    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset id, e.g. imdb."})
-    dataset_config_name: str | None = field(default=None, metadata={"help": "Hub dataset configuration."})
-    train_file: str | None = field(default=None, metadata={"help": "csv, json, jsonl or parquet file."})
-    validation_file: str | None = field(default=None, metadata={"help": "Same format as train_file."})
-    validation_split_percentage: int = field(
-        default=5, metadata={"help": "Percent of train held out if no eval split."})
-    test_file: str | None = field(default=None, metadata={"help": "Rows to predict with --do_predict."})
-    text_column: str = field(default="text", metadata={"help": "Column of input text."})
-    text_pair_column: str | None = field(default=None, metadata={"help": "Second text, for sentence pairs."})
-    label_column: str = field(default="label", metadata={"help": "Column of labels."})
-    problem_type: str = field(
-        default="auto", metadata={"help": "auto: floats regression, lists multi-label, else single.",
-                                  "choices": PROBLEM_TYPES})
-    label_delimiter: str | None = field(default=None, metadata={"help": "Split text labels on it (multi-label)."})
-    multi_label_threshold: float = field(default=0.5, metadata={"help": "Multi-label: predict above this."})
-    max_seq_length: int = field(default=512, metadata={"help": "Longer inputs are truncated."})
-    max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N train examples."})
-    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep the first N eval examples."})
-    preprocessing_num_workers: int | None = field(
-        default=None, metadata={"help": "Tokenising processes; 0, 1: this one."})
+    dataset_name: str | None = flag(None, "Hub dataset id, e.g. imdb.")
+    dataset_config_name: str | None = flag(None, "Hub dataset configuration.")
+    train_file: str | None = flag(None, "csv, json, jsonl or parquet file.")
+    validation_file: str | None = flag(None, "Same format as train_file.")
+    validation_split_percentage: int = flag(5, "Percent of train held out if no eval split.")
+    test_file: str | None = flag(None, "Rows to predict with --do_predict.")
+    text_column: str = flag("text", "Column of input text.")
+    text_pair_column: str | None = flag(None, "Second text, for sentence pairs.")
+    label_column: str = flag("label", "Column of labels.")
+    problem_type: str = flag("auto", "auto: floats regression, lists multi-label, else single.",
+                             PROBLEM_TYPES)
+    label_delimiter: str | None = flag(None, "Split text labels on it (multi-label).")
+    multi_label_threshold: float = flag(0.5, "Multi-label: predict above this.")
+    max_seq_length: int = flag(512, "Longer inputs are truncated.")
+    max_train_samples: int | None = flag(None, "Keep the first N train examples.")
+    max_eval_samples: int | None = flag(None, "Keep the first N eval examples.")
+    preprocessing_num_workers: int | None = flag(None, "Tokenising processes; 0, 1: this one.")
 
     def __post_init__(self) -> None:
         if self.dataset_name is None and self.train_file is None:
@@ -131,7 +131,6 @@ def batch_split(world_size: int, per_device_batch_size: int, accumulation_steps:
 
 
 def read_batch_plan(checkpoint: Path | None) -> dict[str, int] | None:
-    """The batch plan a checkpoint was written under; None without a checkpoint or a plan."""
     if checkpoint is None or not Path(checkpoint, BATCH_PLAN).is_file():
         return None
     return json.loads(Path(checkpoint, BATCH_PLAN).read_text())

@@ -1,5 +1,4 @@
-"""Loading, the task (problem type and labels), tokenising and grouping by length; shared by both training
-loops and predict."""
+"""Loading, the task (problem type and labels), tokenising, grouping by length: for both loops and predict."""
 
 from __future__ import annotations
 
@@ -266,23 +265,17 @@ def build_collator(tokenizer: PreTrainedTokenizerBase, mixed_precision: bool) ->
 
 def length_grouped_steps(order: list[int], lengths: Sequence[int], step: int,
                          generator: torch.Generator) -> list[list[int]]:
-    """An epoch's shuffled `order` cut into optimizer steps of `step` examples of similar length, for less
-    padding: --train_sampling_strategy group_by_length, in both loops.
-
-    Megabatches of up to 50 steps, and at least 2, so that the examples sharing a step change from epoch to
-    epoch: each is sorted by length, cut into steps, and its steps shuffled, so that lengths do not fall
-    through it. The longest full step goes first, so that an out-of-memory error shows at step 1, not hours
-    in. A short last step stays last: moved up, it would shift every rank's later batch boundaries.
-    """
+    """--train_sampling_strategy group_by_length: an epoch's shuffled `order` in optimizer steps of `step`
+    examples of similar length. Megabatches of up to 50 steps, and at least 2 (so that the examples sharing
+    a step change from epoch to epoch), are sorted by length, cut into steps and their steps shuffled."""
     megabatch = step * max(1, min(50, len(order) // (step * 2)))
     steps = []
     for start in range(0, len(order), megabatch):
         group = sorted(order[start : start + megabatch], key=lengths.__getitem__, reverse=True)
         cut = [group[i : i + step] for i in range(0, len(group), step)]
-        whole = len(group) // step
+        whole = len(group) // step  # a short last step stays last: moved, it would shift later batches
         steps += [cut[i] for i in torch.randperm(whole, generator=generator).tolist()] + cut[whole:]
-    full = [index for index, examples in enumerate(steps) if len(examples) == step]
-    if full:
-        longest = max(full, key=lambda index: lengths[steps[index][0]])
+    if steps:  # the longest full step first: an out-of-memory error shows at step 1, not hours in
+        longest = max(range(len(steps)), key=lambda i: (len(steps[i]) == step, lengths[steps[i][0]]))
         steps[0], steps[longest] = steps[longest], steps[0]
     return steps

@@ -59,7 +59,6 @@ def resolve_device_settings(mixed_precision: str, *, fp16: bool = False, bf16: b
 
 
 def autocast(device: torch.device, precision: str) -> torch.autocast:
-    """Mixed precision for the forward pass: bf16 or fp16 autocast on this device, or none ("no")."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 

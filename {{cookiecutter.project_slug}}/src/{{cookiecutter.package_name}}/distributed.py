@@ -73,7 +73,6 @@ def default_dataloader_workers() -> int:
 
 
 def is_distributed() -> bool:
-    """Whether this process is one of several in a started process group."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
@@ -226,7 +225,6 @@ def why_not_averaged(named: list[tuple[str, torch.nn.Parameter]], gathered: list
 
 
 def some_of(names: list[str], shown: int = 6) -> str:
-    """Parameter names for a message: the first few, and how many more."""
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
     return f"{len(names)} parameter tensor(s) ({', '.join(names[:shown])}{more})"
 

@@ -29,7 +29,6 @@ def predict_from_logits(logits: np.ndarray, problem_type: str,
 
 def task_metrics(logits: np.ndarray, labels: np.ndarray, problem_type: str, label_names: Sequence[str],
                  threshold: float = 0.5) -> dict:
-    """The metrics of the problem type, over exactly the examples given."""
     predictions, _ = predict_from_logits(logits, problem_type, threshold)
     if problem_type == "regression":
         return regression_metrics(predictions, labels)
@@ -39,7 +38,6 @@ def task_metrics(logits: np.ndarray, labels: np.ndarray, problem_type: str, labe
 
 
 def regression_metrics(predictions: np.ndarray, labels: np.ndarray) -> dict:
-    """Mean squared and absolute error, Pearson and Spearman correlation."""
     from scipy.stats import pearsonr, spearmanr
 
     predictions, labels = np.asarray(predictions, dtype=np.float64).reshape(-1), np.asarray(labels).reshape(-1)

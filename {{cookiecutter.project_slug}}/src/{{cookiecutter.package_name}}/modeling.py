@@ -245,7 +245,6 @@ def check_same_lora(checkpoint: Path, lora_r: int) -> None:
 
 
 def classifier_of(model: torch.nn.Module) -> PreTrainedModel:
-    """The transformers model itself, inside its LoRA wrapper if it has one."""
     return model.get_base_model() if is_lora(model) else model
 
 
@@ -268,7 +267,6 @@ def save_lora_base(model: torch.nn.Module, folder: str | Path, state_dict: dict 
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """The weights save_pretrained wrote into folder, from one file or from its shards."""
     import safetensors.torch
 
     index = folder / "model.safetensors.index.json"

@@ -54,8 +54,7 @@ class PredictArguments:
                                                            "choices": ["auto", "bf16", "fp16", "no"]})
     ddp_timeout: int = field(default=1800, metadata={"help": "Seconds before a stuck collective fails."})
     preprocessing_num_workers: int | None = field(
-        default=None, metadata={"help": "Processes for tokenising, as for training."}
-    )
+        default=None, metadata={"help": "Processes for tokenising, as for training."})
 
     def __post_init__(self) -> None:
         for name in ("input_file", "output_file"):

@@ -44,9 +44,8 @@ def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingAr
     # node's GPUs support is queried without claiming one (in a fork: the launcher stays clear of CUDA).
     settings = resolve_device_settings(args.mixed_precision, fp16=args.fp16, bf16=args.bf16, use_cpu=args.use_cpu,
                                        ddp_backend=args.ddp_backend)
-    check_local_path(model_args.tokenizer_name or model_args.model_name_or_path)
     check_local_path(model_args.model_name_or_path)
-    load_tokenizer(model_args)  # refuses one with neither a pad nor an eos token
+    load_tokenizer(model_args)  # checks its path too, and refuses one with neither a pad nor an eos token
     check_model_settings(model_args, args.gradient_checkpointing)
     raw = load_raw_datasets(data_args, model_args.cache_dir, seed=args.seed)  # also fills the workers' cache
     task = decide_task(raw, data_args)

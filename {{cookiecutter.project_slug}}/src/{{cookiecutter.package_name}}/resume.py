@@ -25,7 +25,6 @@ def complete_checkpoints(output_dir: str | Path, last_file: str) -> list[Path]:
 
 
 def checkpoint_problem(path: Path, last_file: str) -> str | None:
-    """What keeps the folder `path` from being resumed, or None."""
     if not path.exists():
         return "does not exist"
     if not (path / last_file).is_file():

@@ -41,7 +41,6 @@ def configure_tracker(report_to: Collection[str], output_dir: str, is_main_proce
 
 
 def recorded_run_id(output: Path, key: str, new_run_id: Callable[[], str]) -> str:
-    """The run id in output/tracker_run.json under key; a new one, recorded there, on the first run."""
     path = output / RUN_FILE
     record = json.loads(path.read_text()) if path.is_file() else {}
     if key not in record:

@@ -253,15 +253,9 @@ class ProgressBar(ProgressCallback):
 
 
 class EpochSeededLengthGroupedSampler(Sampler[int]):
-    """--train_sampling_strategy group_by_length: the native loop's steps of similar length
-    (data.length_grouped_steps), drawn with a generator seeded with (seed, epoch) at each epoch.
-
-    Upstream's LengthGroupedSampler carries its generator on from epoch to epoch, and no checkpoint saves
-    it: a run resumed in epoch e would train on another order than the run it continues, and its weights
-    would differ. Seeded per epoch, the order is the same on every rank and after any resume. accelerate
-    deals its batches out to the ranks in turn, so the batches of one optimizer step, on every rank, come
-    from one step of similar lengths.
-    """
+    """group_by_length: the native loop's steps (data.length_grouped_steps), seeded with (seed, epoch) at each
+    epoch. Upstream's generator carries on across epochs and no checkpoint saves it: a resumed run would train
+    on another order than the run it continues. accelerate deals the batches out to the ranks in turn."""
 
     def __init__(self, trainer: Trainer, lengths: list[int]) -> None:
         self.trainer, self.lengths = trainer, list(lengths)

@@ -10,12 +10,12 @@ help says why. tests/test_training_args_native.py checks the list.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .config import ConfigError, check_training_settings, read_batch_plan
+from .config import ConfigError, check_training_settings, flag, read_batch_plan
 from .distributed import default_dataloader_workers
 from .tracking import TRACKERS
 
@@ -28,11 +28,6 @@ FSDP_SINCE = "2.10"
 # transformers' schedules, less those whose step() wants an eval metric (reduce_lr_on_plateau, greedy).
 SCHEDULES = ["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
              "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay"]
-
-
-def flag(default, help: str, choices: list | None = None):  # noqa: A002 - argparse's own word
-    metadata = {"help": help} if choices is None else {"help": help, "choices": choices}
-    return field(default=default, metadata=metadata)
 
 
 @dataclass

@@ -34,37 +34,26 @@ FSDP2 = {"version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "reshard_af
 
 @dataclass
 class TrainingArguments(transformers.TrainingArguments):
-    mixed_precision: str = field(
-        default="auto",
-        metadata={
-            "help": "auto: bf16 on GPUs that support it, else fp16; fp32 on CPU. Or bf16, fp16 (CUDA only), no.",
-            "choices": ["auto", "bf16", "fp16", "no"],
-        },
-    )
+    mixed_precision: str = field(default="auto", metadata={
+        "help": "auto: bf16 on GPUs that support it, else fp16; fp32 on CPU. Or bf16, fp16 (CUDA only), no.",
+        "choices": ["auto", "bf16", "fp16", "no"]})
     # Batches of similar length carry little padding. On imdb-like lengths padding fell from 56% of
     # all tokens to 6% and training ran 2.9x faster (the template's bench/length_grouping.py).
-    train_sampling_strategy: str = field(
-        default="group_by_length",
-        metadata={
-            "help": "random, sequential, group_by_length or batch_rebalance.",
-            "choices": ["random", "sequential", "group_by_length", "batch_rebalance"],
-        },
-    )
+    train_sampling_strategy: str = field(default="group_by_length", metadata={
+        "help": "random, sequential, group_by_length or batch_rebalance.",
+        "choices": ["random", "sequential", "group_by_length", "batch_rebalance"]})
     do_train: bool = field(default=True, metadata={"help": "Train (false: only evaluate the loaded model)."})
     do_eval: bool = field(default=True, metadata={"help": "Evaluate after training and write metrics.json."})
     # Searching for unused parameters costs a graph walk per step; those the forward never uses are frozen
     # at load instead (modeling.freeze_unused_parameters).
-    ddp_find_unused_parameters: bool | None = field(
-        default=False, metadata={"help": "For models whose forward skips other parameters on other inputs; true "
-                                         "also keeps unused ones trainable."}
-    )
+    ddp_find_unused_parameters: bool | None = field(default=False, metadata={
+        "help": "For models whose forward skips other parameters on other inputs; true also keeps unused ones "
+                "trainable."})
     # The collator drops helper columns itself; keeping them lets the length sampler read "length".
     remove_unused_columns: bool = field(
-        default=False, metadata={"help": "Drop dataset columns the model does not take, before collation."}
-    )
-    dataloader_num_workers: int | None = field(
-        default=None, metadata={"help": "Loader processes per rank; None: this process's share of the CPUs, at most 4."}
-    )
+        default=False, metadata={"help": "Drop dataset columns the model does not take, before collation."})
+    dataloader_num_workers: int | None = field(default=None, metadata={
+        "help": "Loader processes per rank; None: this process's share of the CPUs, at most 4."})
     # transformers 5 types its own fsdp as a string of options, and warns that strings are deprecated: here it
     # is true or false, as in the native loop.
     fsdp: bool = field(default=False, metadata={"help": "Shard weights, grads, AdamW (FSDP2); GPUs only."})
