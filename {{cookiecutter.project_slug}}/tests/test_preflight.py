@@ -88,7 +88,7 @@ def test_a_checkpoint_in_output_dir_of_other_labels_or_a_split_this_launch_canno
     trained = run_python(["-m", f"{PACKAGE}.train", *smoke_flags(smoke_assets, output_dir), "--max_steps", "2"])
     assert trained.returncode == 0, trained.stderr[-3000:]
     checkpoint = f"{output_dir}/checkpoint-2"  # 1 process x batch 16
-    own_data = str(write_csv(tmp_path / "own.csv", ["bad", "good", "so-so"] * 4))
+    own_data = str(write_csv(tmp_path / "own.csv", ["bad", "good", "so-so"] * 6))  # a step of 16 fits
     flags = with_flag(with_flag(smoke_flags(smoke_assets, output_dir), "--train_file", own_data),
                       "--validation_file", own_data)
     result = preflight([*flags, "--ignore_mismatched_sizes", "true"])
@@ -97,6 +97,8 @@ def test_a_checkpoint_in_output_dir_of_other_labels_or_a_split_this_launch_canno
         f"error: checkpoint '{checkpoint}' was trained for labels ['negative', 'positive'], but the data "
         "has labels ['bad', 'good', 'so-so']: use a new --output_dir for this data (or pass the checkpoint's data)"
     ]
+    worker = run_python(["-m", f"{PACKAGE}.train", *flags, "--ignore_mismatched_sizes", "true"])  # PREFLIGHT=0
+    assert worker.returncode == 2 and "labels ['bad', 'good', 'so-so']" in worker.stderr.strip().splitlines()[-1]
     # The same job on 2 processes, as after a requeue onto more nodes: batch 16 each cannot keep the global
     # batch of 16. The native loop resumes it with batch 8 each; the Trainer only on the split that wrote it.
     result = preflight(smoke_flags(smoke_assets, output_dir))

@@ -29,7 +29,7 @@ from transformers import PreTrainedTokenizerBase
 from . import resume
 from .config import BATCH_PLAN, ConfigError, check_same_batch_plan
 from .distributed import is_distributed
-from .modeling import check_same_lora, is_lora
+from .modeling import check_same_lora, is_lora, lora_rank
 from .training_args import CHECKPOINT_LAST_FILE as TRAINING_STATE
 
 SHARDED_STATE = "model_and_optimizer"  # DCP's folder in each checkpoint
@@ -129,7 +129,7 @@ class Checkpointer:
     def check_same_model(self, checkpoint: Path, state: dict, weights: dict[str, torch.Tensor]) -> None:
         """Refuse to resume a different model or label set, which would fail obscurely or silently. The
         checkpoint's tensors are compared by name and whole shape, as DCP's metadata lists them."""
-        check_same_lora(checkpoint, self.model.peft_config["default"].r if is_lora(self.model) else 0)
+        check_same_lora(checkpoint, lora_rank(self.model))
         metadata = dcp.FileSystemReader(checkpoint / SHARDED_STATE).read_metadata().state_dict_metadata
         saved = {name.removeprefix("model."): tuple(entry.size) for name, entry in metadata.items()
                  if name.startswith("model.")}

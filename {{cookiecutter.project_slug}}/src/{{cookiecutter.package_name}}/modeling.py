@@ -244,6 +244,34 @@ def check_same_lora(checkpoint: Path, lora_r: int) -> None:
                           f"--lora_r {lora_r}: pass --lora_r {saved_r} to resume it, or use a new --output_dir")
 
 
+def check_labels_fit(model_dir: Path, task: Task, what: str, same_names: bool = False) -> None:
+    """A local model must have a head of the size the task needs; a checkpoint, the same labels."""
+    config = model_dir / "config.json"
+    if not config.is_file():  # a Hub id: the workers check it once downloaded
+        return
+    values = json.loads(config.read_text())
+    if not any(name.endswith("ForSequenceClassification") for name in values.get("architectures") or []):
+        return  # no classifier yet: the run adds one for these labels
+    saved = [values["id2label"][key] for key in sorted(values.get("id2label") or {}, key=int)]
+    names = task.label_names
+    if same_names and (saved if task.problem_type != "regression" else []) != names:
+        raise ConfigError(
+            f"{what} {str(model_dir)!r} was trained for labels {saved}, but the data has labels {names}: use a new "
+            "--output_dir for this data (or pass the checkpoint's data)"
+        )
+    count = len(saved) or values.get("num_labels", 2)  # transformers leaves out the default 2 labels
+    if count != task.num_labels:
+        needs = f"{len(names)} ({', '.join(names)})" if names else "1 (a regression value)"
+        raise ConfigError(
+            f"{what} {str(model_dir)!r} has a classifier for {count} labels, the data needs {needs}: "
+            "pass --ignore_mismatched_sizes true to start a fresh head"
+        )
+
+
+def lora_rank(model: torch.nn.Module) -> int:
+    return model.peft_config["default"].r if is_lora(model) else 0
+
+
 def classifier_of(model: torch.nn.Module) -> PreTrainedModel:
     return model.get_base_model() if is_lora(model) else model
 

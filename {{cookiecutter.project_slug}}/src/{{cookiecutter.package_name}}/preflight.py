@@ -9,7 +9,6 @@ torchrun's traceback. The workers check the same things again (their files may d
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -18,10 +17,10 @@ from pathlib import Path
 import torch
 
 from .config import ConfigError, DataArguments, ModelArguments, check_batch_fits, check_local_path, parse_args
-from .data import Task, decide_task, load_raw_datasets
+from .data import decide_task, load_raw_datasets
 from .device import resolve_device_settings
 from .distributed import setup_logging
-from .modeling import check_model_settings, check_same_lora, load_tokenizer
+from .modeling import check_labels_fit, check_model_settings, check_same_lora, load_tokenizer
 from .resume import agree_on_resume_checkpoint
 from .training_args import CHECKPOINT_LAST_FILE, TrainingArguments
 
@@ -64,30 +63,6 @@ def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingAr
     logger.info("preflight: %d train and %d eval examples, %s, labels %s, %d process(es) on %s, precision %s: "
                 "settings and data look right", len(raw["train"]), len(raw["validation"]), task.problem_type,
                 task.label_names or "none", world_size, device, settings.precision)
-
-
-def check_labels_fit(model_dir: Path, task: Task, what: str, same_names: bool = False) -> None:
-    """A local model must have a head of the size the task needs; a checkpoint, the same labels."""
-    config = model_dir / "config.json"
-    if not config.is_file():  # a Hub id: the workers check it once downloaded
-        return
-    values = json.loads(config.read_text())
-    if not any(name.endswith("ForSequenceClassification") for name in values.get("architectures") or []):
-        return  # no classifier yet: the run adds one for these labels
-    saved = [values["id2label"][key] for key in sorted(values.get("id2label") or {}, key=int)]
-    names = task.label_names
-    if same_names and (saved if task.problem_type != "regression" else []) != names:
-        raise ConfigError(
-            f"{what} {str(model_dir)!r} was trained for labels {saved}, but the data has labels {names}: use a new "
-            "--output_dir for this data (or pass the checkpoint's data)"
-        )
-    count = len(saved) or values.get("num_labels", 2)  # transformers leaves out the default 2 labels
-    if count != task.num_labels:
-        needs = f"{len(names)} ({', '.join(names)})" if names else "1 (a regression value)"
-        raise ConfigError(
-            f"{what} {str(model_dir)!r} has a classifier for {count} labels, the data needs {needs}: "
-            "pass --ignore_mismatched_sizes true to start a fresh head"
-        )
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 The run, top to bottom: parse the config and flags; pin this rank's GPU and start the process
 group; check that torchrun's ranks really share gradients; load and tokenise the data;
-load the model; train, resuming from the newest checkpoint; evaluate once over exactly the eval set;
-write metrics.json; with --do_predict, predict --test_file (predict.py).
+load the model; train (evaluating as --eval_strategy says), resuming from the newest checkpoint; evaluate
+the final model over exactly the eval set; with --do_predict, predict --test_file (predict.py); write
+metrics.json.
 """
 
 from __future__ import annotations
@@ -54,10 +55,13 @@ from .metrics import (
     write_log_line,
 )
 from .modeling import (
+    check_labels_fit,
+    check_same_lora,
     classifier_of,
     is_lora,
     load_model,
     load_tokenizer,
+    lora_rank,
     parameter_counts,
     save_lora_base,
     transformer_blocks,
@@ -364,6 +368,9 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
         checkpoint = find_resume_checkpoint(args)
         if checkpoint is not None:
             args.accumulation_to_resume(checkpoint, args.world_size)  # the same split, or refused
+            # As the preflight does: a run may start without it (PREFLIGHT=0), or on another node's files.
+            check_labels_fit(checkpoint, trainer.compute_metrics.task, "checkpoint", same_names=True)
+            check_same_lora(checkpoint, lora_rank(trainer.model))
             logger.info("resuming from checkpoint %s", checkpoint)
             totals = checkpoint / RUN_TOTALS
             record.earlier = json.loads(totals.read_text()) if totals.is_file() else None
