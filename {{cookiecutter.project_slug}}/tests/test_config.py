@@ -116,9 +116,10 @@ def test_defaults_suit_ddp_fine_tuning() -> None:
     assert (data_args.max_seq_length, data_args.validation_split_percentage) == (512, 5)
 
 
-def test_nothing_to_do_is_refused() -> None:
+def test_nothing_to_do_is_refused_and_do_eval_false_holds_under_an_eval_strategy() -> None:
     with pytest.raises(ConfigError, match="--do_train false and --do_eval false leave nothing to do"):
         parse_args([*REQUIRED, "--do_train", "false", "--do_eval", "false"])
+    assert parse_args([*REQUIRED, "--eval_strategy", "epoch", "--do_eval", "false"])[2].do_eval is False
 
 
 @pytest.mark.parametrize(("flags", "message"), [

@@ -53,7 +53,7 @@ class TrainingArguments(transformers.TrainingArguments):
     remove_unused_columns: bool = field(
         default=False, metadata={"help": "Drop dataset columns the model does not take, before collation."})
     dataloader_num_workers: int | None = field(default=None, metadata={
-        "help": "Loader processes per rank; None: this process's share of the CPUs, at most 4."})
+        "help": "Loader processes per rank; None: this process's share of the CPUs less one, at most 4."})
     # transformers 5 types its own fsdp as a string of options, and warns that strings are deprecated: here it
     # is true or false, as in the native loop.
     fsdp: bool = field(default=False, metadata={"help": "Shard weights, grads, AdamW (FSDP2); GPUs only."})
@@ -86,13 +86,16 @@ class TrainingArguments(transformers.TrainingArguments):
                                   "shards on CPU too")
             if self.fsdp_config is None:
                 self.fsdp_config = dict(FSDP2)
-        self.parsing = True
+        self.parsing, do_eval = True, self.do_eval
         try:
             super().__post_init__()
         except ValueError as err:  # transformers' own checks of its flags: one error line, not a traceback
             raise ConfigError(str(err)) from None
         finally:
             self.parsing = False
+        # The parent turns do_eval on whenever eval_strategy is not "no"; only train.py reads it, for the
+        # final evaluation, which --do_eval false skips as its help says.
+        self.do_eval = do_eval
         # The parent fills an attribute of this name from ACCELERATE_MIXED_PRECISION and hands it
         # to accelerate; keep it equal to what was resolved above.
         self.mixed_precision = self.device_settings.precision
