@@ -17,14 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import (
-    PACKAGE,
-    REQUIRED,
-    in_memory,
-    names_from,
-    package_module,
-    parse_args,
-)
+from conftest import PACKAGE, REQUIRED, in_memory, names_from, package_module, parse_args
 from datasets import ClassLabel, Dataset, DatasetDict, Features, List, Value
 from scipy.stats import pearsonr, spearmanr
 from transformers import AutoConfig

@@ -266,8 +266,9 @@ def build_collator(tokenizer: PreTrainedTokenizerBase, mixed_precision: bool) ->
 def length_grouped_steps(order: list[int], lengths: Sequence[int], step: int,
                          generator: torch.Generator) -> list[list[int]]:
     """--train_sampling_strategy group_by_length: an epoch's shuffled `order` in optimizer steps of `step`
-    examples of similar length. Megabatches of up to 50 steps, and at least 2 (so that the examples sharing
-    a step change from epoch to epoch), are sorted by length, cut into steps and their steps shuffled."""
+    examples of similar length. Megabatches of up to 50 steps, at least 2 of them in an epoch of 2 steps or
+    more (so that the examples sharing a step change from epoch to epoch), are sorted by length, cut into
+    steps and their steps shuffled."""
     megabatch = step * max(1, min(50, len(order) // (step * 2)))
     steps = []
     for start in range(0, len(order), megabatch):

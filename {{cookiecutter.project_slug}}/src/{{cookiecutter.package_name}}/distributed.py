@@ -1,5 +1,5 @@
-"""Processes in step: the process group, logging per rank, rank 0 first, sharded evaluation and prediction,
-the gradient check, and one error line per node."""
+"""Processes in step: the process group, logging per rank, rank 0 first, a forward over each rank's share of
+the rows (every row once), the gradient check, and one error line per node."""
 
 from __future__ import annotations
 
@@ -77,7 +77,8 @@ def is_distributed() -> bool:
 
 
 def length_sorted_shard(lengths: list[int], rank: int, world_size: int) -> np.ndarray:
-    """The rows `rank` evaluates: every world_size-th row, longest first (a batch needs little padding).
+    """The rows `rank` runs through sharded_forward: every world_size-th row, longest first (a batch needs
+    little padding).
     Not a DistributedSampler: it repeats rows to even out the ranks, which would count them twice."""
     return np.argsort(-np.asarray(lengths), kind="stable")[rank::world_size]
 
@@ -105,8 +106,9 @@ def gather_shards(indices: np.ndarray, total: int, *columns: np.ndarray) -> list
 @torch.no_grad()
 def sharded_forward(model: torch.nn.Module, rows: datasets.Dataset, batches: Callable, device: torch.device,
                     precision: str) -> tuple[np.ndarray, np.ndarray | None, float] | None:
-    """Evaluation's and predict's loop, called by every rank on its length_sorted_shard. Rank 0 returns every
-    row's logits, with the labels and summed loss of labelled rows (else None and 0.0); the others None."""
+    """A forward over every row exactly once, each rank on its length_sorted_shard (every rank calls it).
+    Rank 0 returns every row's logits, with the labels and summed loss of labelled rows (else None and 0.0);
+    the others None."""
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if is_distributed() else (0, 1)
     model.eval()  # no dropout: the same row gives the same logits every time
     mine = length_sorted_shard(rows["length"], rank, world_size)

@@ -42,7 +42,7 @@ logger = logging.getLogger(f"{__package__}.predict")
 
 @dataclass
 class PredictArguments:
-    model_name_or_path: str = field(metadata={"help": "A trained model: output_dir, or a checkpoint-N with weights."})
+    model_name_or_path: str = field(metadata={"help": "A run's output_dir, or any save_pretrained folder."})
     input_file: str = field(metadata={"help": "csv, json, jsonl or parquet rows to predict."})
     output_file: str = field(metadata={"help": "Where to write them, with predictions (csv/json/jsonl/parquet)."})
     text_column: str | None = field(default=None, metadata={"help": "Default: the model's training column."})
@@ -101,7 +101,7 @@ def load_trained_model(path: str, device: torch.device) -> tuple[PreTrainedModel
         model = AutoModelForSequenceClassification.from_pretrained(path, **LOAD_OPTIONS)
     except (OSError, ValueError) as err:
         raise ConfigError(f"--model_name_or_path {path!r} could not be loaded ({type(err).__name__}): pass a "
-                          "trained model's output_dir or one of its checkpoint-N folders") from None
+                          "run's output_dir, or another save_pretrained folder") from None
     tokenizer = load_tokenizer(ModelArguments(model_name_or_path=path))
     task = Task.from_config(model.config)  # a model trained elsewhere has none: the defaults, within its limit
     task = replace(task, max_seq_length=min(task.max_seq_length, tokenizer.model_max_length))

@@ -2,8 +2,9 @@
 
 The run, top to bottom: join torchrun's process group; load and tokenise the data; build the model (in
 DistributedDataParallel, or sharded by FSDP2 with --fsdp), the optimizer and the schedule; resume from the
-newest checkpoint; train, each optimizer step written out in `train`; evaluate once over exactly the eval
-set; write metrics.json; with --do_predict, predict --test_file. No Trainer and no accelerate.
+newest checkpoint; train, each optimizer step written out in `train` (evaluating as --eval_strategy says);
+evaluate the final model over exactly the eval set; with --do_predict, predict --test_file; write
+metrics.json. No Trainer and no accelerate.
 """
 
 from __future__ import annotations

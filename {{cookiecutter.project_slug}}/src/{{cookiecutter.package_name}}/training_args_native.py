@@ -4,7 +4,7 @@ Names, meanings and defaults follow transformers.TrainingArguments, so a config 
 loop and the Trainer variant; a flag that is not here is refused like any unknown flag. The defaults that
 differ are this project's choices (output_dir, logging_steps, save_total_limit, as in the Trainer variant;
 do_train and do_eval true; disable_tqdm and gradient_checkpointing false, not None), or a comment or their
-help says why. tests/test_training_args_native.py checks the list.
+help says why. tests/test_training_args.py checks the list.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class TrainingArguments:
     train_sampling_strategy: str = flag("group_by_length", "Order of train examples.",
                                         ["group_by_length", "random", "sequential"])
     dataloader_drop_last: bool = flag(False, "Drop each rank's last short batch.")
-    dataloader_num_workers: int | None = flag(None, "Loader processes per rank; None: CPU share, <= 4.")
+    dataloader_num_workers: int | None = flag(None, "Loader processes per rank; None: CPU share - 1, <= 4.")
     dataloader_pin_memory: bool = flag(True, "Pinned memory for copies to the GPU.")
     dataloader_persistent_workers: bool = flag(False, "Keep loader processes alive.")
     # Optimizer and schedule
