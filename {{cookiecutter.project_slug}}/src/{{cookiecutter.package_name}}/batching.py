@@ -62,16 +62,16 @@ class DistributedLengthGroupedSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(len(self.lengths), generator=generator).tolist()
-        # Padded with its first examples to len(self) per rank, or cut (drop_last).
-        order = list(itertools.islice(itertools.cycle(order), len(self) * self.num_replicas))
-
         global_batch = self.batch_size * self.num_replicas  # one micro-step of all ranks
         steps = length_grouped_steps(order, self.lengths, global_batch * self.accumulation_steps, generator)
-        for examples in steps:
-            for start in range(0, len(examples), global_batch):
-                batch = examples[start : start + global_batch]
-                share = len(batch) // self.num_replicas
-                yield from batch[self.rank * share : (self.rank + 1) * share]
+        # Padded with the order's first examples to len(self) per rank, or cut (drop_last), at the end only:
+        # every full step holds the same examples on any number of ranks.
+        grouped = itertools.chain(itertools.chain.from_iterable(steps), itertools.cycle(order))
+        grouped = list(itertools.islice(grouped, len(self) * self.num_replicas))
+        for start in range(0, len(grouped), global_batch):
+            batch = grouped[start : start + global_batch]
+            share = len(batch) // self.num_replicas
+            yield from batch[self.rank * share : (self.rank + 1) * share]
 
 
 class ResumableSampler(Sampler[int]):
@@ -97,8 +97,9 @@ def build_train_sampler(train_set: Dataset, args: TrainingArguments, rank: int, 
     """This rank's share of each epoch (--train_sampling_strategy), reordered by set_epoch.
 
     In both samplers the examples of optimizer step s are positions [s x G, (s + 1) x G) of one
-    global order, G being the global batch: the same examples however many ranks share them, so a
-    run can resume on another number of processes.
+    global order, G being the global batch: the same examples however many ranks share them (only the
+    padding of an epoch's last step depends on their number), so a run can resume on another number of
+    processes.
     """
     if args.train_sampling_strategy == "group_by_length":
         sampler = DistributedLengthGroupedSampler(
