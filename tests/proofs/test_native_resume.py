@@ -18,6 +18,7 @@ import torch.distributed.checkpoint as dcp
 from conftest import EVAL_SIZE, PACKAGE, REPO_ROOT, TRAIN_SIZE, package_module, read_probe, smoke_flags
 from no_dropout import copy_without_dropout
 from safetensors.torch import load_file
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from warm_launch import run_python, torchrun
 
@@ -224,6 +225,27 @@ def test_accumulation_over_two_ranks_matches_one_rank_with_the_whole_batch(accum
 
 
 # ---- refusals (single process: they fail before training) -----------------------------------
+
+
+def test_a_run_resumed_from_an_earlier_checkpoint_replaces_the_checkpoints_it_reaches_again(
+        smoke_assets: Path, tmp_path: Path) -> None:
+    """Branched from checkpoint-1 (clipping its gradients hard), the run saves step 2 again: its own weights
+    must replace the first run's, or checkpoint-2, and a resume from it, would hold the other branch."""
+    output_dir = tmp_path / "out"
+    flags = [*smoke_flags(smoke_assets, output_dir), "--max_steps", "2", "--save_strategy", "steps",
+             "--save_steps", "1", "--do_eval", "false"]
+    assert run_single_process(flags).returncode == 0
+    first = load_file(output_dir / "model.safetensors")
+    branch = run_single_process([*flags, "--max_grad_norm", "1e-4",
+                                 "--resume_from_checkpoint", str(output_dir / "checkpoint-1")])
+    assert branch.returncode == 0, branch.stderr[-3000:]
+    dcp_to_torch_save(output_dir / "checkpoint-2" / SHARDED_STATE, tmp_path / "checkpoint-2.pt")
+    saved = torch.load(tmp_path / "checkpoint-2.pt", weights_only=False)["model"]
+    branched = load_file(output_dir / "model.safetensors")  # the branch's final model: its step 2
+    assert_weights_close(branched, saved, atol=0.0)
+    assert not torch.equal(first["classifier.weight"], branched["classifier.weight"])
+    assert sorted(path.name for path in output_dir.iterdir() if "checkpoint" in path.name) == [
+        "checkpoint-1", "checkpoint-2"]
 
 
 def test_refuses_a_checkpoint_of_a_different_label_set(uninterrupted: Path, smoke_assets: Path,

@@ -56,20 +56,16 @@ class Checkpointer:
     def save(self, step: int) -> None:
         """Write checkpoint-<step>. Every rank writes its shards into tmp-checkpoint-<step> and sends its RNG
         state to rank 0, which renames the folder once it is whole: a crash mid-save leaves only the tmp-
-        folder, which resume ignores. (Nothing is fsynced: after a power loss some filesystems could keep the
-        rename but not the data.)
+        folder (or old-checkpoint-<step>, one it replaces), which resume ignores. (Nothing is fsynced: after
+        a power loss some filesystems could keep the rename but not the data.)
         """
         rng_states = gather_rng_states()  # on rank 0; None on the others
         final = Path(self.output_dir, f"checkpoint-{step}")
         temporary = final.with_name(f"tmp-{final.name}")
-        writing = [not final.exists()]  # it exists after a resume at the last step
-        if rng_states is not None and writing[0]:
+        if rng_states is not None:
             shutil.rmtree(temporary, ignore_errors=True)
         if is_distributed():
-            # Rank 0's view, sent once it removed the old tmp- folder: DCP's save needs every rank or none.
-            dist.broadcast_object_list(writing, src=0)
-        if not writing[0]:
-            return
+            dist.barrier()  # rank 0 removed the old tmp- folder before any rank writes into it
         # Returns once every rank's shards are written (without a process group: this one's).
         with without_dcp_notices():
             dcp.save(self.sharded_state(), checkpoint_id=temporary / SHARDED_STATE)
@@ -86,7 +82,13 @@ class Checkpointer:
             state |= {"batch_plan": self.batch_plan, "rng_states": rng_states,  # one per rank, in rank order
                       "labels": self.labels, "model_type": self.model.config.model_type}
             torch.save(state, temporary / TRAINING_STATE)
+            # A run resumed from an earlier step reaches steps saved before: its own save replaces theirs.
+            stale = final.with_name(f"old-{final.name}")
+            shutil.rmtree(stale, ignore_errors=True)
+            if final.exists():
+                final.replace(stale)
             temporary.replace(final)
+            shutil.rmtree(stale, ignore_errors=True)
             limit = self.save_total_limit
             if limit is not None and limit > 0:  # keep the newest `limit` checkpoints
                 for old in resume.complete_checkpoints(self.output_dir, TRAINING_STATE)[:-limit]:
