@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -378,6 +380,32 @@ def test_slurm_job_whose_training_fails_ends_with_an_error_line(launcher: Launch
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line == "error: srun ended with status 3 (the training's own error is above)"
     assert "requeue" not in json.dumps(launcher.calls())
+
+
+@needs_slurm_script
+def test_slurm_takes_sruns_own_status_when_srun_ends_while_the_sigterm_trap_runs(launcher: Launcher) -> None:
+    # The trap asks scontrol for the job's state (2 s here) and srun ends with status 1 meanwhile. The wait the
+    # trap cut short returns 143, which would pass for "saved" and requeue a job whose training did not save.
+    started = launcher.bin.parent / "srun-started"
+    stubs = {"srun": f"touch {started}; sleep 1; exit 1",
+             "scontrol": 'case "$2" in hostnames) echo node1; echo node2 ;; job) sleep 2; '
+                         'echo "JobId=4242 JobState=RUNNING Restarts=0" ;; *) echo "scontrol $*" >&2 ;; esac',
+             "scancel": "exit 0"}
+    for name, body in stubs.items():
+        (launcher.bin / name).write_text(f"#!/bin/sh\n{body}\n")
+        (launcher.bin / name).chmod(0o755)
+    script = subprocess.Popen(["bash", str(SLURM_SCRIPT)], cwd=REPO_ROOT, env={**launcher.env, **SLURM_ENV},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # the script waits for srun by now
+    script.send_signal(signal.SIGTERM)
+    _, stderr = script.communicate(timeout=60)
+    assert "asking the training to save" in stderr, stderr  # the trap ran while srun did
+    assert stderr.strip().splitlines()[-1].startswith(
+        "error: the training did not save at the stop: srun ended with status 1"), stderr
+    assert "scontrol requeue" not in stderr
 
 
 # The same ERR trap (scripts/_common.sh) serves every launch script: a probe sources it the same way.
