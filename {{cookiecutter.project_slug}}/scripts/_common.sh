@@ -43,7 +43,7 @@ show_usage_if_asked() {
       cat <<EOF
 $USAGE
   NPROC_PER_NODE   processes per node: 'auto' (one per visible GPU; with none, 2 on a
-                   CPU machine, an error in a SLURM job) or a number [default: $DEFAULT_NPROC_PER_NODE]
+                   CPU machine of 2+ cores, an error in a SLURM job) or a number [default: $DEFAULT_NPROC_PER_NODE]
   CUDA_VISIBLE_DEVICES  restricts which GPUs are used (and counted by 'auto')
   MAX_RESTARTS     times torchrun restarts the workers after a failure; they resume from
                    the newest checkpoint                                 [default: 0]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train on this machine: one process per GPU (or 2 on CPU) under torchrun.
+# Train on this machine: one process per GPU (or up to 2 on CPU) under torchrun.
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=_common.sh
