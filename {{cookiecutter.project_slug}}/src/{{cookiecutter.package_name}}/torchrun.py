@@ -201,7 +201,7 @@ def run_torchrun(argv: list[str]) -> None:
               "(their last log lines say whether they did)", file=sys.stderr)
         raise SystemExit(128 + stop.sigval) from None
     except ChildFailedError as failed:
-        if failed.get_first_failure()[1].exitcode == 2:  # a bad setting: the workers printed its `error:` line
+        if failed.get_first_failure()[1].exitcode == 2:  # a bad setting, which the workers printed
             raise SystemExit(2) from None
         if any(failure.exitcode != STOPPED_EXIT_CODE for failure in failed.failures.values()):
             raise
