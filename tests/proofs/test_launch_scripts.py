@@ -408,6 +408,14 @@ def test_slurm_takes_sruns_own_status_when_srun_ends_while_the_sigterm_trap_runs
     assert "scontrol requeue" not in stderr
 
 
+@needs_slurm_script
+def test_slurm_job_whose_launcher_refused_a_bad_setting_ends_with_status_2_and_adds_no_error_line(
+        launcher: Launcher) -> None:
+    result = launcher.run(SLURM_SCRIPT, **SLURM_ENV, FAKE_SRUN_STATUS="2")  # the launchers' status for it
+    assert result.returncode == 2
+    assert "error:" not in result.stderr, result.stderr  # the launchers' own lines are the only ones
+
+
 # The same ERR trap (scripts/_common.sh) serves every launch script: a probe sources it the same way.
 UNEXPECTED_FAILURES = [
     pytest.param(
