@@ -182,11 +182,13 @@ def no_dropout_assets(smoke_assets: Path, tmp_path_factory: pytest.TempPathFacto
 
 
 # Sequential sampling: with 2 ranks, micro-batch k of rank r holds examples 2i + r, so one optimizer
-# step of 2 ranks x 8 x 2 micro-batches covers examples 0-31, exactly the 1 rank x 32 batch.
-# Adam barely notices a gradient scaled by a constant, so the logged loss and gradient norm (taken
-# before clipping) are what catch a loss not divided by the accumulation steps or summed over ranks.
-ACCUMULATION_FLAGS = ["--train_sampling_strategy", "sequential", "--max_steps", "6", "--logging_steps", "1",
-                      "--save_strategy", "no"]
+# step of 2 ranks x 8 x 2 micro-batches covers examples 0-31, exactly the 1 rank x 32 batch. 180
+# examples: the sixth and last step holds 20, micro-batches of 8 and 2 per rank, which equal the batch
+# of 20 only if each micro-batch weighs by its examples. Adam barely notices a gradient scaled by a
+# constant, so the logged loss and gradient norm (taken before clipping) are what catch a loss not
+# divided by the accumulation steps or summed over ranks.
+ACCUMULATION_FLAGS = ["--train_sampling_strategy", "sequential", "--max_train_samples", "180", "--num_train_epochs",
+                      "1", "--logging_steps", "1", "--save_strategy", "no"]
 
 
 @pytest.fixture(scope="module")

@@ -337,8 +337,8 @@ def test_a_stop_before_the_training_starts_is_an_error_and_not_requeued(
     info = job.wait_for({"FAILED"}, timeout=120)
     assert info["Restarts"] == "0" and info["ExitCode"] == "1:0"
     assert job.text().rstrip().splitlines()[-1] == (
-        f"error: SIGTERM came before the training started (job {job.id}, attempt 1): nothing was saved, so the job "
-        "is not requeued; resubmit it")
+        f"error: SIGTERM came before the training started (attempt 1): nothing was saved, so job {job.id} is not "
+        "requeued; resubmit it")
     assert not (tmp_path / "out").exists()
 
 
@@ -359,6 +359,27 @@ def test_a_stop_while_the_workers_start_is_an_error_and_not_requeued(
     assert log.rstrip().splitlines()[-1].startswith(
         "error: the training did not save at the stop: srun ended with status 1 (see above); nothing new was saved, "
         f"so job {job.id} is not requeued")
+
+
+def test_a_requeue_while_the_workers_start_is_an_error_that_says_slurm_requeues_the_job(
+    cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path
+) -> None:
+    # As above, but SLURM ends the attempt to requeue the job (scontrol requeue, as preemption does): nothing
+    # was saved, and the error line says that SLURM starts the job again.
+    job = Job(cluster, tmp_path, 1, [*smoke_flags(smoke_assets, tmp_path / "out"), *FLAGS], MODULE="slow_steps",
+              START_PAUSE="60", PYTHONPATH=str(REPO_ROOT / "tests"))
+    job.wait_for_log(r"slow_steps: waiting")
+    stop_by_requeue(cluster, job)
+    job.wait_for_log(r"(?m)^error: ", timeout=120)
+    info = job.wait_for({"PENDING"}, timeout=120)
+    cluster.cancel(job.id)  # before SLURM starts it again
+    log = job.text()
+    assert info["Restarts"] == "1"
+    assert f"SLURM requeues job {job.id} itself" in log
+    assert log.rstrip().splitlines()[-1] == (
+        "error: the training did not save at the stop: srun ended with status 1 (see above); nothing new was saved, "
+        f"SLURM requeues job {job.id} itself, and its next attempt resumes from the newest checkpoint, if any"
+    ), log[-3000:]
 
 
 def test_scancel_saves_the_step_reached_and_the_job_ends_cancelled(

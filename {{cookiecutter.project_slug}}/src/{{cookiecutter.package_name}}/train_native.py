@@ -295,6 +295,7 @@ def train(job: Job) -> dict[str, float]:
             micro_batches = list(itertools.islice(batches, plan.accumulation_steps))
             if not micro_batches:  # the batch plan promised them: a bug here, not a user error
                 raise RuntimeError(f"the train loader ran out before step {job.step + 1} (epoch {epoch})")
+            examples = sum(len(batch["labels"]) for batch in micro_batches)  # this rank's: the same on all
             for index, batch in enumerate(micro_batches):
                 batch = {key: value.to(job.device, non_blocking=True) for key, value in batch.items()}
                 # DDP all-reduces gradients during backward (FSDP reduce-scatters them). Between micro-steps
@@ -304,9 +305,9 @@ def train(job: Job) -> dict[str, float]:
                     model.set_requires_gradient_sync(last)
                 with model.no_sync() if ddp and not last else contextlib.nullcontext():
                     with autocast(job.device, autocast_precision):
-                        # Each loss is a micro-batch mean; dividing by the micro-batch count makes the
-                        # accumulated gradient the mean over the whole step, as one big batch would.
-                        loss = model(**batch).loss / len(micro_batches)
+                        # A micro-batch mean, weighted by its share of the step's examples: the accumulated
+                        # gradient is the step's mean, as one big batch gives, also with a short last batch.
+                        loss = model(**batch).loss * (len(batch["labels"]) / examples)
                     (scaler.scale(loss) if scaler is not None else loss).backward()
                 meter.add(loss, len(batch["labels"]))
             if job.step == first_step:  # once per run: proves the ranks really share gradients
