@@ -29,6 +29,9 @@ CASES = [
     ("fractional steps above 1", ["--logging_steps", "2.5"],
      "--logging_steps 2.5: use a whole number of steps, or a fraction of the run below 1"),
     ("negative warmup", ["--warmup_steps", "-1"], "--warmup_steps -1.0: must be >= 0"),
+    ("a schedule without the setting it needs", ["--lr_scheduler_type", "cosine_with_min_lr"],
+     "--lr_scheduler_type cosine_with_min_lr, --lr_scheduler_kwargs {}: One of min_lr or min_lr_rate"),
+    ("and with it", ["--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs", '{"min_lr": 0}'], None),
     ("fp16 on CPU", ["--mixed_precision", "fp16"], "--mixed_precision fp16 needs a CUDA GPU"),
     ("fp16 and bf16", ["--fp16", "true", "--bf16", "true"], "--fp16 and --bf16 are both set"),
 ]

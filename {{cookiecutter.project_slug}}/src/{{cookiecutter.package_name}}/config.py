@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 from transformers import HfArgumentParser
 
@@ -105,8 +106,9 @@ def check_preprocessing_num_workers(workers: int | None) -> None:
 
 
 def check_training_settings(args: Any) -> None:
-    """Batch sizes, accumulation and steps, as both loops' TrainingArguments refuse them while parsing,
-    so that the preflight, the Trainer and the native loop accept and refuse the same settings."""
+    """Batch sizes, accumulation, steps and the schedule's settings (read into a dict), as both loops'
+    TrainingArguments refuse them while parsing, so that the preflight, the Trainer and the native loop
+    accept and refuse the same settings."""
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name} {getattr(args, name)}: must be >= 1")
@@ -119,6 +121,23 @@ def check_training_settings(args: Any) -> None:
             raise ConfigError(f"--{name} {value}: use a whole number of steps, or a fraction of the run below 1")
     if args.warmup_steps < 0:
         raise ConfigError(f"--warmup_steps {args.warmup_steps}: must be >= 0 (below 1: a fraction of all steps)")
+    args.lr_scheduler_kwargs = schedule_kwargs(args.lr_scheduler_type, args.lr_scheduler_kwargs)
+
+
+def schedule_kwargs(schedule: str, kwargs: dict | str | None) -> dict:
+    """--lr_scheduler_kwargs as a dict (JSON on the command line), checked by building the schedule once: a
+    setting it needs (cosine_with_min_lr's min_lr_rate) or does not take fails here, not in every worker."""
+    from transformers import get_scheduler  # here: its module imports peft, which predict never needs
+
+    given = kwargs if isinstance(kwargs, str) else json.dumps(kwargs or {})
+    try:
+        kwargs = json.loads(kwargs) if isinstance(kwargs, str) else kwargs or {}
+        optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+        get_scheduler(schedule, optimizer, num_warmup_steps=0, num_training_steps=2,
+                      scheduler_specific_kwargs=kwargs)
+    except (TypeError, ValueError) as err:  # also JSON that does not parse
+        raise ConfigError(f"--lr_scheduler_type {schedule}, --lr_scheduler_kwargs {given}: {err}") from None
+    return kwargs
 
 
 BATCH_PLAN = "batch_plan.json"  # in each checkpoint: how the run that wrote it batched its data

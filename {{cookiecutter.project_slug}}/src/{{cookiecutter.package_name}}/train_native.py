@@ -180,7 +180,8 @@ def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args
     optimizer = build_optimizer(model, args)  # after wrapping: over the parameters DDP syncs, or FSDP's shards
     # --warmup_steps below 1 is a fraction of all steps, as in transformers.TrainingArguments.
     warmup = math.ceil(args.warmup_steps * plan.total_steps) if args.warmup_steps < 1 else int(args.warmup_steps)
-    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, warmup, plan.total_steps)
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, warmup, plan.total_steps,
+                              scheduler_specific_kwargs=args.lr_scheduler_kwargs)
     scaler = None
     if precision == "fp16":  # under FSDP a rank sees its shards' overflow: ShardedGradScaler agrees on it
         scaler = ShardedGradScaler("cuda") if is_sharded(model) else torch.amp.GradScaler("cuda")

@@ -64,6 +64,7 @@ class TrainingArguments:
     adam_epsilon: float = flag(1e-8, "AdamW epsilon.")
     max_grad_norm: float = flag(1.0, "Gradient norm clip; 0: off.")
     lr_scheduler_type: str = flag("linear", "Schedule after warmup.", SCHEDULES)
+    lr_scheduler_kwargs: dict | str | None = flag(None, 'Settings, JSON: {"min_lr_rate": 0.1}.')
     warmup_steps: float = flag(0, "Warmup steps; < 1: fraction of all.")
     # Device, precision and DDP
     use_cpu: bool = flag(False, "Train on CPU even with a GPU.")
