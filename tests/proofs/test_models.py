@@ -455,6 +455,22 @@ def test_the_merge_command_writes_a_plain_model_that_predicts_the_same(lora_run:
 
 
 @pytest.mark.slow
+def test_merge_refuses_the_run_folder_itself_and_both_commands_refuse_an_unknown_flag(
+        lora_run: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source, merge_lora = lora_run["output_dir"], package_module("merge_lora")
+    weights = (source / "model.safetensors").read_bytes()
+    with pytest.raises(config.ConfigError, match="is the LoRA run's folder: write elsewhere"):
+        merge_lora.merge_lora(str(source), f"{source}/.")  # the adapters left there would apply twice
+    assert (source / "model.safetensors").read_bytes() == weights
+    files = ["--input_file", str(tmp_path / "in.csv"), "--output_file", str(tmp_path / "out.csv")]
+    for module, flags in ((merge_lora, ["--output_dir", str(tmp_path)]), (predict, files)):
+        with pytest.raises(SystemExit) as refusal:
+            module.main(["--model_name_or_path", str(source), *flags, "--bogus", "1"])
+        assert refusal.value.code == 2
+        assert "error: unrecognized arguments: --bogus 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_predict_refuses_a_lora_checkpoint_without_its_base(lora_run: dict) -> None:
     checkpoint = str(lora_run["output_dir"] / f"checkpoint-{TOTAL_STEPS}")
     with pytest.raises(config.ConfigError, match="holds a LoRA adapter without its base"):

@@ -50,6 +50,16 @@ def checkpoint_steps(output_dir: Path) -> list[int]:
     return sorted(int(path.name.split("-")[1]) for path in output_dir.glob("checkpoint-*"))
 
 
+def launch_until_first_checkpoint(smoke_assets: Path, output_dir: Path, log: Path) -> subprocess.Popen:
+    process = launch([*smoke_flags(smoke_assets, output_dir), *FLAGS], log)
+    deadline = time.monotonic() + 240
+    while not (output_dir / f"checkpoint-{STEPS_PER_EPOCH}").is_dir():
+        assert process.poll() is None, f"ended before its first checkpoint:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "no first checkpoint after 240 s"
+        time.sleep(0.05)
+    return process
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(smoke_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The reference: the same flags, not disturbed (started warm: see tests/conftest.py's torchrun)."""
@@ -63,12 +73,7 @@ def stopped(smoke_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     """A run sent SIGTERM in its second epoch, just after its first checkpoint appeared."""
     output_dir = tmp_path_factory.mktemp("stopped")
     log = output_dir.parent / "stopped.log"
-    process = launch([*smoke_flags(smoke_assets, output_dir), *FLAGS], log)
-    deadline = time.monotonic() + 240
-    while not (output_dir / f"checkpoint-{STEPS_PER_EPOCH}").is_dir():
-        assert process.poll() is None, f"ended before its first checkpoint:\n{log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, "no first checkpoint after 240 s"
-        time.sleep(0.05)
+    process = launch_until_first_checkpoint(smoke_assets, output_dir, log)
     signalled = time.monotonic()
     process.send_signal(signal.SIGTERM)
     returncode = wait(process, log, timeout=120)
@@ -110,6 +115,19 @@ def test_the_same_command_resumes_and_ends_with_the_uninterrupted_weights(
     assert expected.keys() == actual.keys()
     worst = max((expected[name] - actual[name]).abs().max().item() for name in expected)
     assert worst <= WEIGHTS_ATOL, f"largest weight difference {worst:.3g} ({'native' if IS_NATIVE else 'Trainer'})"
+
+
+def test_ctrl_c_stops_every_process_without_saving_and_says_so(smoke_assets: Path, tmp_path: Path) -> None:
+    """Ctrl-C in a terminal sends SIGINT to the whole foreground process group; only SIGTERM saves."""
+    output_dir, log = tmp_path / "out", tmp_path / "run.log"
+    process = launch_until_first_checkpoint(smoke_assets, output_dir, log)
+    os.killpg(process.pid, signal.SIGINT)
+    assert wait(process, log, timeout=120) == 128 + signal.SIGINT
+    assert checkpoint_steps(output_dir) == [STEPS_PER_EPOCH]
+    assert ("torchrun: stopped by SIGINT; the workers stopped without saving (only SIGTERM saves): the same "
+            "command resumes from the newest checkpoint") in log.read_text(), log.read_text()[-3000:]
+    with pytest.raises(ProcessLookupError):
+        os.killpg(process.pid, 0)
 
 
 def test_after_a_stop_request_loader_workers_start_with_sigterm_held_and_other_forks_die_of_it() -> None:

@@ -215,6 +215,14 @@ def read_config_file(argv: list[str]) -> tuple[Path | None, dict, list[str]]:
     return path, values or {}, argv[1:]
 
 
+def parse_flags(parser: HfArgumentParser, argv: list[str] | None) -> tuple:
+    """The parser's dataclasses; a flag it does not know is an error line, as argparse gives a bad value."""
+    *parsed, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (see --help for the flags it takes)")
+    return tuple(parsed)
+
+
 def parse_args(training_args_class: type, argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, Any]:
     """Parse `[CONFIG] [--flag value ...]`: the file sets values, the flags override them."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -237,10 +245,7 @@ def parse_args(training_args_class: type, argv: list[str] | None = None) -> tupl
                 raise ConfigError(f"{config_path}: {name}: {value!r} is not one of {', '.join(map(str, choices))}")
             actions[name].required = False  # the file gives it
         parser.set_defaults(**values)
-    *parsed, unknown = parser.parse_args_into_dataclasses(args=flags, return_remaining_strings=True)
-    if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)} (see --help for the flags this loop takes)")
-    model_args, data_args, training_args = parsed
+    model_args, data_args, training_args = parse_flags(parser, flags)
     if training_args.do_predict and data_args.test_file is None:
         raise ConfigError("--do_predict needs --test_file: the csv, json, jsonl or parquet rows to predict")
     if training_args.gradient_checkpointing and training_args.ddp_find_unused_parameters:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from transformers import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING, AutoConfig, AutoTokenizer, HfArgumentParser
 
-from .config import ConfigError, check_local_path
+from .config import ConfigError, check_local_path, parse_flags
 from .distributed import print_error
 from .modeling import ADAPTER_CONFIG, LOAD_OPTIONS, quiet_peft, read_weights
 
@@ -30,6 +30,8 @@ def merge_lora(source: str, destination: str) -> Path:
     from peft import PeftModel
 
     check_local_path(source)
+    if Path(destination).resolve() == Path(source).resolve():  # the adapters left there would apply twice
+        raise ConfigError(f"--output_dir {destination!r} is the LoRA run's folder: write elsewhere")
     if not Path(source, ADAPTER_CONFIG).is_file() or not Path(source, "config.json").is_file():
         raise ConfigError(f"--model_name_or_path {source!r} is not a LoRA run's output_dir: it needs {ADAPTER_CONFIG} "
                           "and config.json (a checkpoint-N holds no base; a run without LoRA has nothing to merge)")
@@ -47,7 +49,7 @@ def merge_lora(source: str, destination: str) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = HfArgumentParser(MergeArguments, prog=f"python -m {__package__}.merge_lora")
-    (args,) = parser.parse_args_into_dataclasses(args=argv)
+    (args,) = parse_flags(parser, argv)
     try:
         path = merge_lora(args.model_name_or_path, args.output_dir)
     except ConfigError as err:

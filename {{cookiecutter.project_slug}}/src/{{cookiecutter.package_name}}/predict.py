@@ -22,7 +22,14 @@ from datasets import Dataset, DatasetDict
 from torch.utils.data import DataLoader
 from transformers import AutoModelForSequenceClassification, HfArgumentParser, PreTrainedModel
 
-from .config import DATA_SUFFIXES, ConfigError, ModelArguments, check_local_path, check_preprocessing_num_workers
+from .config import (
+    DATA_SUFFIXES,
+    ConfigError,
+    ModelArguments,
+    check_local_path,
+    check_preprocessing_num_workers,
+    parse_flags,
+)
 from .data import Task, build_collator, log_truncation, read_files, tokenize_datasets
 from .device import resolve_device_settings
 from .distributed import (
@@ -68,7 +75,7 @@ class PredictArguments:
 def main(argv: list[str] | None = None) -> None:
     parser = HfArgumentParser(PredictArguments, prog=f"python -m {__package__}.predict")
     try:
-        (args,) = parser.parse_args_into_dataclasses(args=argv)
+        (args,) = parse_flags(parser, argv)
         settings = resolve_device_settings(args.mixed_precision, use_cpu=args.use_cpu)
         setup_logging(TorchrunEnv.read().is_main_process)
         # One process and several GPUs: it predicts on the first; torchrun shares the rows among them all.

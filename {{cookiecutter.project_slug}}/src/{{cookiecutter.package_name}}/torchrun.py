@@ -196,9 +196,11 @@ def run_torchrun(argv: list[str]) -> None:
         argv = ["--signals-to-handle=SIGINT,SIGHUP,SIGQUIT", *argv]  # SIGTERM stays stop_workers'
     try:
         torchrun(argv)
-    except SignalException as stop:  # torch < 2.9: torchrun's own handling, which says nothing of the workers
-        print(f"torchrun: stopped by {stop.sigval.name}; the workers were asked to save the step they reached "
-              "(their last log lines say whether they did)", file=sys.stderr)
+    except SignalException as stop:  # torchrun's own handling, SIGTERM's too on torch < 2.9: passed on
+        saving = ("the workers were asked to save the step they reached (their last log lines say "
+                  "whether they did)" if stop.sigval == signal.SIGTERM else "the workers stopped without "
+                  "saving (only SIGTERM saves): the same command resumes from the newest checkpoint")
+        print(f"torchrun: stopped by {stop.sigval.name}; {saving}", file=sys.stderr)
         raise SystemExit(128 + stop.sigval) from None
     except ChildFailedError as failed:
         if failed.get_first_failure()[1].exitcode == 2:  # a bad setting, which the workers printed
