@@ -27,7 +27,7 @@ def write_yaml(path: Path, text: str) -> str:
 
 def test_yaml_sets_values_and_flags_after_it_override_them(tmp_path: Path) -> None:
     config = write_yaml(tmp_path / "run.yaml", (
-        "model_name_or_path: from/yaml\ntrain_file: data/train.csv\nlearning_rate: 0.001\n"
+        "model_name_or_path: from/yaml\ntrain_file: data/train.csv\nlearning_rate: 1e-3\n"  # text to PyYAML (YAML 1.1)
         "seed: 7\nmax_seq_length: 64\nnum_train_epochs: 3\n"
     ))
     model_args, data_args, training_args = parse_args([config, "--learning_rate", "0.005", "--seed", "9"])
@@ -37,7 +37,7 @@ def test_yaml_sets_values_and_flags_after_it_override_them(tmp_path: Path) -> No
     assert data_args.max_seq_length == 64  # yaml
     assert (model_args.model_name_or_path, data_args.train_file) == ("from/yaml", "data/train.csv")
     _, _, from_yaml_only = parse_args([config])
-    assert from_yaml_only.learning_rate == 0.001
+    assert from_yaml_only.learning_rate == 0.001 and isinstance(from_yaml_only.learning_rate, float)
 
 
 def test_json_config_is_read_like_yaml(tmp_path: Path) -> None:
@@ -49,14 +49,6 @@ def test_json_config_is_read_like_yaml(tmp_path: Path) -> None:
     assert (model_args.model_name_or_path, data_args.train_file) == ("from/json", "t.parquet")
     assert training_args.learning_rate == 0.002
     assert data_args.max_seq_length == 16
-
-
-def test_yaml_exponent_without_a_dot_still_becomes_a_float(tmp_path: Path) -> None:
-    """PyYAML reads `2e-5` as the string '2e-5' (YAML 1.1); argparse converts string defaults by type."""
-    config = write_yaml(tmp_path / "run.yaml", "model_name_or_path: m\ntrain_file: t.jsonl\nlearning_rate: 2e-5\n")
-    _, _, training_args = parse_args([config])
-    assert training_args.learning_rate == pytest.approx(2e-5)
-    assert isinstance(training_args.learning_rate, float)
 
 
 def test_unknown_yaml_key_is_refused_by_name(tmp_path: Path) -> None:
@@ -74,10 +66,12 @@ def test_unknown_flag_is_refused_with_argparse_usage_error(capsys: pytest.Captur
     assert "error: unrecognized arguments: --lerning_rate 0.1" in stderr
 
 
-def test_missing_config_file_is_refused(tmp_path: Path) -> None:
+def test_missing_config_file_or_one_after_the_flags_is_refused(tmp_path: Path) -> None:
     missing = str(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match=f"config file '{missing}' not found"):
         parse_args([missing])
+    with pytest.raises(ConfigError, match="^config file 'run.yaml' comes after flags: pass it first, then the flags$"):
+        parse_args([*REQUIRED, "--learning_rate", "0.1", "run.yaml"])
 
 
 def test_yaml_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:
@@ -132,9 +126,13 @@ def test_nothing_to_do_is_refused_and_do_eval_false_holds_under_an_eval_strategy
      r"^--dataset_name imdb and --train_file train.jsonl are both set; pass one \(configs/local_files.yaml has no "),
     (["--model_name_or_path", "m", "--dataset_name", "imdb", "--validation_file", "dev.csv"],
      "^--validation_file dev.csv needs --train_file; pass both"),
+    ([*REQUIRED, "--max_train_samples", "0"], "^--max_train_samples 0: must be >= 1$"),
+    ([*REQUIRED, "--dataloader_num_workers", "-1"], "^--dataloader_num_workers -1: must be >= 0$"),
+    ([*REQUIRED, "--ddp_timeout", "0"], "^--ddp_timeout 0: must be >= 1$"),
+    ([*REQUIRED, "--output_dir", str(REPO_ROOT / "pyproject.toml")], "pyproject.toml' is a file: pass a folder$"),
 ], ids=["no-data", "train-suffix", "validation-suffix", "max-seq-length-0", "split-100", "hub-and-file",
-        "validation-without-train"])
-def test_data_arguments_refuse_bad_settings(flags: list[str], message: str) -> None:
+        "validation-without-train", "train-samples-0", "loader-workers-negative", "timeout-0", "output-dir-file"])
+def test_bad_settings_are_refused_naming_their_flag(flags: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_args(flags)
 
@@ -149,9 +147,16 @@ def test_default_config_with_a_train_file_is_refused_naming_local_files_yaml() -
     assert (data_args.dataset_name, data_args.train_file, data_args.validation_file) == (None, "my.csv", "data/dev.csv")
 
 
-def test_config_file_value_outside_a_flags_choices_is_refused(tmp_path: Path) -> None:
-    config = write_yaml(tmp_path / "run.yaml", (
-        "model_name_or_path: m\ntrain_file: t.jsonl\ntrain_sampling_strategy: group_by_lenght\n"
-    ))
-    with pytest.raises(ConfigError, match="train_sampling_strategy"):
+@pytest.mark.parametrize(("line", "message"), [
+    ("problem_type: binary", "problem_type: 'binary' is not one of auto, single_label_classification, multi_label"),
+    ("per_device_train_batch_size: 8.5", "per_device_train_batch_size: 8.5 is not a whole number"),
+    ("learning_rate: [1, 2]", r"learning_rate: \[1, 2\] is not a number"),
+    ("mixed_precision: no", r"mixed_precision: False is not text \(YAML reads unquoted no, yes, on, off as bools\)"),
+    ('do_eval: "false"', "do_eval: 'false' is not true or false"),
+    ("model_name_or_path: null", "model_name_or_path is empty: give it a value"),
+], ids=["choice", "int", "float", "yaml-bool-as-text", "text-as-bool", "required-null"])
+def test_a_config_file_value_of_the_wrong_type_is_refused_by_name(tmp_path: Path, line: str, message: str) -> None:
+    """argparse converts and checks command-line strings only; YAML types a file's values itself."""
+    config = write_yaml(tmp_path / "run.yaml", f"model_name_or_path: m\ntrain_file: t.jsonl\n{line}\n")
+    with pytest.raises(ConfigError, match=message):
         parse_args([config])

@@ -78,6 +78,9 @@ def test_missing_model_path_is_refused(tmp_path: Path, loader) -> None:
     call = (lambda: loader(args, task_of("a", "b"))) if loader is load_model else (lambda: loader(args))
     with pytest.raises(ConfigError, match=f"--model_name_or_path '{missing}' could not be loaded.*Offline?"):
         call()
+    if loader is load_tokenizer:  # a tokenizer of its own is named by its own flag
+        with pytest.raises(ConfigError, match=f"^--tokenizer_name '{missing}' could not be loaded"):
+            loader(ModelArguments(model_name_or_path="m", tokenizer_name=missing))
 
 
 def test_missing_smoke_assets_message_says_how_to_create_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

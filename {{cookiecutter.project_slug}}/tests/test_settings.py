@@ -33,6 +33,7 @@ CASES = [
      "--lr_scheduler_type cosine_with_min_lr, --lr_scheduler_kwargs {}: One of min_lr or min_lr_rate"),
     ("and with it", ["--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs", '{"min_lr": 0}'], None),
     ("fp16 on CPU", ["--mixed_precision", "fp16"], "--mixed_precision fp16 needs a CUDA GPU"),
+    ("nccl on CPU", ["--ddp_backend", "nccl"], "--ddp_backend nccl needs CUDA GPUs (and no --use_cpu)"),
     ("fp16 and bf16", ["--fp16", "true", "--bf16", "true"], "--fp16 and --bf16 are both set"),
 ]
 

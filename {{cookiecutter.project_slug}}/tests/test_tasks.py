@@ -79,17 +79,6 @@ def test_do_predict_without_a_test_file_is_refused() -> None:
         parse_args([*REQUIRED, "--do_predict", "true"])
 
 
-def test_unknown_problem_type_is_refused_in_a_config_file_and_on_the_command_line(tmp_path: Path) -> None:
-    config = tmp_path / "run.yaml"
-    config.write_text("model_name_or_path: m\ntrain_file: t.jsonl\nproblem_type: binary\n")
-    with pytest.raises(ConfigError, match="problem_type: 'binary' is not one of auto, single_label_classification, "
-                                          "multi_label_classification, regression"):
-        parse_args([str(config)])
-    with pytest.raises(SystemExit) as exit_info:  # argparse's own choices check
-        parse_args([*REQUIRED, "--problem_type", "binary"])
-    assert exit_info.value.code == 2
-
-
 # ---- data: deciding the task -------------------------------------------------------------------
 
 @pytest.mark.parametrize(("train_labels", "validation_labels", "options", "problem_type", "names"), [

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +88,9 @@ class DataArguments:
             path = getattr(self, name)
             if path is not None and not path.endswith(DATA_SUFFIXES):
                 raise ConfigError(f"--{name} {path!r}: unsupported format; use .csv, .json, .jsonl or .parquet")
-        if self.max_seq_length < 1:
-            raise ConfigError(f"--max_seq_length {self.max_seq_length}: must be >= 1")
+        for name in ("max_seq_length", "max_train_samples", "max_eval_samples"):  # None: every example
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"--{name} {getattr(self, name)}: must be >= 1")
         if self.text_pair_column in (self.text_column, self.label_column):
             raise ConfigError(f"--text_pair_column {self.text_pair_column}: use a column other than the text "
                               "and label columns")
@@ -106,12 +108,14 @@ def check_preprocessing_num_workers(workers: int | None) -> None:
 
 
 def check_training_settings(args: Any) -> None:
-    """Batch sizes, accumulation, steps and the schedule's settings (read into a dict), as both loops'
-    TrainingArguments refuse them while parsing, so that the preflight, the Trainer and the native loop
-    accept and refuse the same settings."""
-    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name} {getattr(args, name)}: must be >= 1")
+    """Batch sizes, loader workers, timeout, steps, output_dir and the schedule's settings (read into a dict),
+    as both loops' TrainingArguments refuse them while parsing, so that the preflight, the Trainer and the
+    native loop accept and refuse the same settings."""
+    minimums = {"per_device_train_batch_size": 1, "per_device_eval_batch_size": 1, "ddp_timeout": 1,
+                "gradient_accumulation_steps": 1, "dataloader_num_workers": 0}
+    for name, least in minimums.items():
+        if getattr(args, name) < least:
+            raise ConfigError(f"--{name} {getattr(args, name)}: must be >= {least}")
     if args.do_train and args.max_steps <= 0 and args.num_train_epochs <= 0:
         raise ConfigError(f"--num_train_epochs {args.num_train_epochs} trains nothing: pass a number of "
                           "epochs > 0, or --max_steps > 0")
@@ -121,6 +125,8 @@ def check_training_settings(args: Any) -> None:
             raise ConfigError(f"--{name} {value}: use a whole number of steps, or a fraction of the run below 1")
     if args.warmup_steps < 0:
         raise ConfigError(f"--warmup_steps {args.warmup_steps}: must be >= 0 (below 1: a fraction of all steps)")
+    if Path(args.output_dir or ".").exists() and not Path(args.output_dir or ".").is_dir():
+        raise ConfigError(f"--output_dir {args.output_dir!r} is a file: pass a folder")
     args.lr_scheduler_kwargs = schedule_kwargs(args.lr_scheduler_type, args.lr_scheduler_kwargs)
 
 
@@ -184,23 +190,26 @@ def check_batch_fits(train_size: int, world_size: int, per_device_batch_size: in
                           "fewer processes or add data")
 
 
-def model_not_found(name: str, reason: str) -> ConfigError:
+def model_not_found(name: str, reason: str, flag: str = "--model_name_or_path") -> ConfigError:
     hint = "Offline? Use a local folder made with save_pretrained."
     if "smoke_assets" in Path(name).parts:
         hint = f"Create the smoke assets first: python -m {__package__}.smoke"
-    return ConfigError(f"--model_name_or_path {name!r} could not be loaded ({reason}). {hint}")
+    return ConfigError(f"{flag} {name!r} could not be loaded ({reason}). {hint}")
 
 
-def check_local_path(name: str) -> None:
+def check_local_path(name: str, flag: str = "--model_name_or_path") -> None:
     """A missing local-looking path fails at once, instead of after the Hub client's retries."""
     looks_local = name.startswith((".", "/", "~")) or "smoke_assets" in Path(name).parts
     if looks_local and not Path(name).expanduser().exists():
-        raise model_not_found(name, "no such folder")
+        raise model_not_found(name, "no such folder", flag)
 
 
 def read_config_file(argv: list[str]) -> tuple[Path | None, dict, list[str]]:
     """(the file, its values, the flags after it) when the first argument is a YAML or JSON file."""
     if not argv or argv[0].startswith("-") or not argv[0].endswith(CONFIG_SUFFIXES):
+        for before, arg in pairwise(argv):  # a file that is no flag's value
+            if arg.endswith(CONFIG_SUFFIXES) and not before.startswith("-"):
+                raise ConfigError(f"config file {arg!r} comes after flags: pass it first, then the flags")
         return None, {}, argv
     path = Path(argv[0])
     if not path.is_file():
@@ -213,6 +222,28 @@ def read_config_file(argv: list[str]) -> tuple[Path | None, dict, list[str]]:
     if values is not None and not isinstance(values, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of flag names to values")
     return path, values or {}, argv[1:]
+
+
+def check_file_value(path: Path, name: str, value: Any, action: Any) -> None:
+    """A config file's value, as YAML or JSON typed it, against the type of its flag."""
+    if value is None:
+        if action.required or action.default is not None:
+            raise ConfigError(f"{path}: {name} is empty: give it a value")
+        return
+    if action.type in (int, float):  # or text argparse converts: PyYAML reads 2e-5 as text
+        numbers = (int,) if action.type is int else (int, float)
+        try:
+            valid = (isinstance(value, numbers) and not isinstance(value, bool)
+                     or isinstance(value, str) and action.type(value) is not None)
+        except ValueError:
+            valid = False
+        expected = "a whole number" if action.type is int else "a number"
+    elif getattr(action.type, "__name__", None) == "string_to_bool":  # HfArgumentParser's, for bool fields
+        valid, expected = isinstance(value, bool), "true or false"
+    else:  # text, or a mapping as lr_scheduler_kwargs takes
+        valid, expected = not isinstance(value, bool), "text (YAML reads unquoted no, yes, on, off as bools)"
+    if not valid:
+        raise ConfigError(f"{path}: {name}: {value!r} is not {expected}")
 
 
 def parse_flags(parser: HfArgumentParser, argv: list[str] | None) -> tuple:
@@ -234,12 +265,15 @@ def parse_args(training_args_class: type, argv: list[str] | None = None) -> tupl
     )
     config_path, values, flags = read_config_file(argv)
     if values:
-        actions = {action.dest: action for action in parser._actions}
+        actions = {}
+        for action in parser._actions:
+            actions.setdefault(action.dest, action)  # a true-by-default flag's, not its --no_ twin's
         unknown = sorted(set(values) - set(actions))
         if unknown:
             raise ConfigError(f"{config_path}: unknown setting(s) {', '.join(unknown)}; see --help for the names")
         for name, value in values.items():
-            # argparse checks choices on the command line only, never on defaults.
+            # argparse converts and checks the command line's strings only, never defaults.
+            check_file_value(config_path, name, value, actions[name])
             choices = actions[name].choices
             if choices is not None and value not in choices:
                 raise ConfigError(f"{config_path}: {name}: {value!r} is not one of {', '.join(map(str, choices))}")

@@ -53,6 +53,8 @@ def resolve_device_settings(mixed_precision: str, *, fp16: bool = False, bf16: b
     if precision == "fp16" and not on_gpu:
         raise ConfigError("--mixed_precision fp16 needs a CUDA GPU: on CPU it would silently run in fp32; "
                           "use --mixed_precision no (or bf16)")
+    if ddp_backend == "nccl" and not on_gpu:
+        raise ConfigError("--ddp_backend nccl needs CUDA GPUs (and no --use_cpu): use gloo or leave it unset")
     if ddp_backend is None and TorchrunEnv.read().world_size > 1:
         ddp_backend = "nccl" if on_gpu else "gloo"
     return DeviceSettings(use_cpu=not on_gpu, ddp_backend=ddp_backend, precision=precision)

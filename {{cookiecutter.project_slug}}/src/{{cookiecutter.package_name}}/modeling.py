@@ -41,11 +41,12 @@ def hub_options(model_args: ModelArguments) -> dict:
 
 def load_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
     name = model_args.tokenizer_name or model_args.model_name_or_path
-    check_local_path(name)
+    flag = "--tokenizer_name" if model_args.tokenizer_name else "--model_name_or_path"
+    check_local_path(name, flag)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, **hub_options(model_args))
     except (OSError, ValueError) as err:
-        raise model_not_found(name, type(err).__name__) from None
+        raise model_not_found(name, type(err).__name__, flag) from None
     pad_on_the_right(tokenizer, name)
     return tokenizer
 
