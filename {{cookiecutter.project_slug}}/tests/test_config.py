@@ -57,13 +57,11 @@ def test_unknown_yaml_key_is_refused_by_name(tmp_path: Path) -> None:
         parse_args([config])
 
 
-def test_unknown_flag_is_refused_with_argparse_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as refusal:
+def test_an_unknown_flag_or_a_value_argparse_refuses_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="^unrecognized arguments: --lerning_rate 0.1 "):
         parse_args([*REQUIRED, "--lerning_rate", "0.1"])
-    assert refusal.value.code == 2
-    stderr = capsys.readouterr().err
-    assert stderr.startswith("usage: ")
-    assert "error: unrecognized arguments: --lerning_rate 0.1" in stderr
+    with pytest.raises(ConfigError, match="^argument --seed: invalid int value: 'x'$"):
+        parse_args([*REQUIRED, "--seed", "x"])
 
 
 def test_missing_config_file_or_one_after_the_flags_is_refused(tmp_path: Path) -> None:

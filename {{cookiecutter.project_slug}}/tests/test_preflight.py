@@ -115,11 +115,13 @@ def test_a_checkpoint_in_output_dir_of_other_labels_or_a_split_this_launch_canno
     assert (resumable.returncode == 0) == IS_NATIVE, resumable.stderr[-2000:]
 
 
-def test_an_error_found_in_the_workers_is_printed_once(smoke_assets: Path, tmp_path: Path) -> None:
-    # Without the preflight both workers meet the bad column themselves: the launcher exits 2 without its
+@pytest.mark.parametrize(("flags", "line"), [(["--text_column", "body"], "error: --text_column 'body' is not a column"),
+                                             (["--lerning_rate", "3"], "error: unrecognized arguments: --lerning")])
+def test_an_error_found_in_the_workers_is_printed_once(smoke_assets: Path, tmp_path: Path, flags, line) -> None:
+    # Without the preflight both workers meet the bad setting themselves: the launcher exits 2 without its
     # ChildFailedError report (torchrun's agent still logs how the worker ended).
-    result = finish(start([str(SCRIPT), *smoke_flags(smoke_assets, tmp_path), "--text_column", "body"],
+    result = finish(start([str(SCRIPT), *smoke_flags(smoke_assets, tmp_path), *flags],
                           run_env(NPROC_PER_NODE="2", PREFLIGHT="0")), timeout=180)
     output = result.stdout + result.stderr
     assert result.returncode == 2 and "ChildFailedError" not in output, output[-3000:]
-    assert output.count("error: --text_column 'body' is not a column") == 1, output[-3000:]
+    assert output.count(line) == 1, output[-3000:]

@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import yaml
@@ -247,10 +247,16 @@ def check_file_value(path: Path, name: str, value: Any, action: Any) -> None:
 
 
 def parse_flags(parser: HfArgumentParser, argv: list[str] | None) -> tuple:
-    """The parser's dataclasses; a flag it does not know is an error line, as argparse gives a bad value."""
+    """The parser's dataclasses. A flag it does not know or a value argparse refuses is a ConfigError, which
+    the commands print as the other bad settings: one line (per node, under torchrun), exit status 2."""
+
+    def refuse(message: str) -> NoReturn:
+        raise ConfigError(message)
+
+    parser.error = refuse
     *parsed, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)} (see --help for the flags it takes)")
+        refuse(f"unrecognized arguments: {' '.join(unknown)} (see --help for the flags it takes)")
     return tuple(parsed)
 
 

@@ -49,8 +49,8 @@ def merge_lora(source: str, destination: str) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = HfArgumentParser(MergeArguments, prog=f"python -m {__package__}.merge_lora")
-    (args,) = parse_flags(parser, argv)
     try:
+        (args,) = parse_flags(parser, argv)
         path = merge_lora(args.model_name_or_path, args.output_dir)
     except ConfigError as err:
         print_error(str(err))
