@@ -90,6 +90,11 @@ def test_contradictory_precision_flags_are_a_config_error() -> None:
         parse("--fp16", "true", "--bf16", "true")
 
 
+def test_an_unknown_tracker_is_a_config_error_naming_those_transformers_supports() -> None:
+    with pytest.raises(ConfigError, match="^bogus is not supported, only .*mlflow.*tensorboard.*wandb.* are supported"):
+        parse("--report_to", "bogus")
+
+
 # ---- --fsdp: FSDP2 through transformers' fsdp_config, on GPUs only ----------------------------------
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from transformers.integrations import get_reporting_integration_callbacks
 
 from .config import ConfigError, batch_split, check_same_batch_plan, check_training_settings, read_batch_plan
 from .device import resolve_device_settings
@@ -89,6 +90,7 @@ class TrainingArguments(transformers.TrainingArguments):
         self.parsing, do_eval = True, self.do_eval
         try:
             super().__post_init__()
+            get_reporting_integration_callbacks(self.report_to)  # as the Trainer does, in every worker
         except ValueError as err:  # transformers' own checks of its flags: one error line, not a traceback
             raise ConfigError(str(err)) from None
         finally:
