@@ -342,14 +342,19 @@ def test_a_stop_before_the_training_starts_is_an_error_and_not_requeued(
     assert not (tmp_path / "out").exists()
 
 
-def test_a_stop_while_the_workers_start_is_an_error_and_not_requeued(
-    cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path
-) -> None:
-    # The workers have started and wait before the run (tests/slow_steps.py's START_PAUSE): the stop finds them
-    # before they set their SIGTERM handler, and kills them.
+def job_with_waiting_workers(cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path) -> Job:
+    """A job whose workers have started and wait before the run (tests/slow_steps.py's START_PAUSE): a stop
+    then finds them before they set their SIGTERM handler, and kills them."""
     job = Job(cluster, tmp_path, 1, [*smoke_flags(smoke_assets, tmp_path / "out"), *FLAGS], MODULE="slow_steps",
               START_PAUSE="60", PYTHONPATH=str(REPO_ROOT / "tests"))
     job.wait_for_log(r"slow_steps: waiting")
+    return job
+
+
+def test_a_stop_while_the_workers_start_is_an_error_and_not_requeued(
+    cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path
+) -> None:
+    job = job_with_waiting_workers(cluster, smoke_assets, tmp_path)
     cluster.signal_batch(job.id, "TERM")
     info = job.wait_for({"FAILED"}, timeout=120)
     log = job.text()
@@ -366,9 +371,7 @@ def test_a_requeue_while_the_workers_start_is_an_error_that_says_slurm_requeues_
 ) -> None:
     # As above, but SLURM ends the attempt to requeue the job (scontrol requeue, as preemption does): nothing
     # was saved, and the error line says that SLURM starts the job again.
-    job = Job(cluster, tmp_path, 1, [*smoke_flags(smoke_assets, tmp_path / "out"), *FLAGS], MODULE="slow_steps",
-              START_PAUSE="60", PYTHONPATH=str(REPO_ROOT / "tests"))
-    job.wait_for_log(r"slow_steps: waiting")
+    job = job_with_waiting_workers(cluster, smoke_assets, tmp_path)
     stop_by_requeue(cluster, job)
     job.wait_for_log(r"(?m)^error: ", timeout=120)
     info = job.wait_for({"PENDING"}, timeout=120)

@@ -125,7 +125,7 @@ def check_training_settings(args: Any) -> None:
             raise ConfigError(f"--{name} {value}: use a whole number of steps, or a fraction of the run below 1")
     if args.warmup_steps < 0:
         raise ConfigError(f"--warmup_steps {args.warmup_steps}: must be >= 0 (below 1: a fraction of all steps)")
-    if Path(args.output_dir or ".").exists() and not Path(args.output_dir or ".").is_dir():
+    if args.output_dir and Path(args.output_dir).is_file():
         raise ConfigError(f"--output_dir {args.output_dir!r} is a file: pass a folder")
     args.lr_scheduler_kwargs = schedule_kwargs(args.lr_scheduler_type, args.lr_scheduler_kwargs)
 
