@@ -123,9 +123,19 @@ def stop_by_requeue(cluster: SlurmCluster, job: Job) -> None:
 
 
 def stop_by_time_limit(cluster: SlurmCluster, job: Job) -> None:
-    # A limit 2 minutes from the start puts the script's --signal=B:TERM@120 due now; slurmctld sends it
-    # at its next time-limit check, up to 30 s later (measured here: 18-26 s).
-    cluster.run(["scontrol", "update", f"jobid={job.id}", "TimeLimit=2"])
+    # A limit 2 minutes after the whole minutes the job has run puts the script's --signal=B:TERM@120 due now;
+    # slurmctld sends it at its next time-limit check, up to 30 s later (measured here: 18-26 s). The limit
+    # itself is then at least a minute away, so the training has time to save before SLURM ends the job
+    # (TIMEOUT, not requeued). A fixed 2 would fall before the signal on a slow first epoch.
+    minutes = run_minutes(cluster.job(job.id)["RunTime"])
+    cluster.run(["scontrol", "update", f"jobid={job.id}", f"TimeLimit={minutes + 2}"])
+
+
+def run_minutes(run_time: str) -> int:
+    """The whole minutes of scontrol's RunTime, [D-]HH:MM:SS."""
+    days, _, clock = run_time.rpartition("-")
+    hours, minutes, _ = (int(part) for part in clock.split(":"))
+    return (int(days or 0) * 24 + hours) * 60 + minutes
 
 
 STOPS = {"batch signal": stop_by_batch_signal, "time limit": stop_by_time_limit, "scontrol requeue": stop_by_requeue}
