@@ -146,8 +146,8 @@ def run_module(argv: list[str]) -> None:
     as a new process would: in a session of its own (as torchrun starts a command: a SIGTERM for the worker
     reaches its loader workers), with default signal handlers, no logging set up, none of the launcher's
     exit handlers, output written line by line (`python -u`), torch's threads as OMP_NUM_THREADS says.
-    An exception is printed and ends it with status 1; SystemExit(0) returns (torchrun waits for the return
-    value of a worker that exits 0). The module's exit handlers run at its end (a fork skips them)."""
+    An exception is printed and ends it with status 1, Ctrl-C quietly with 130; SystemExit(0) returns
+    (torchrun waits for a worker's return value). Its exit handlers run at its end (a fork skips them)."""
     import logging
     import runpy
     import traceback
@@ -174,6 +174,8 @@ def run_module(argv: list[str]) -> None:
     except SystemExit as stop:
         if stop.code not in (0, None):
             raise
+    except KeyboardInterrupt:  # Ctrl-C: this launcher prints the one line that says what stopped
+        raise SystemExit(128 + signal.SIGINT) from None
     except BaseException:  # noqa: BLE001 - reported as a command reports it
         traceback.print_exc()
         raise SystemExit(1) from None
