@@ -126,7 +126,7 @@ def stop_by_time_limit(cluster: SlurmCluster, job: Job) -> None:
     # A limit 2 minutes after the whole minutes the job has run puts the script's --signal=B:TERM@120 due now;
     # slurmctld sends it at its next time-limit check, up to 30 s later (measured here: 18-26 s). The limit
     # itself is then at least a minute away, so the training has time to save before SLURM ends the job
-    # (TIMEOUT, not requeued). A fixed 2 would fall before the signal on a slow first epoch.
+    # (TIMEOUT, not requeued). A fixed 2 put that end at or just after the signal when the first epoch was slow.
     minutes = run_minutes(cluster.job(job.id)["RunTime"])
     cluster.run(["scontrol", "update", f"jobid={job.id}", f"TimeLimit={minutes + 2}"])
 
