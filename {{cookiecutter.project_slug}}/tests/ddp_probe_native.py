@@ -38,13 +38,6 @@ class IndexRecorder:
         return self.collator(features)
 
 
-def ddp_parameter_bytes(model) -> int | None:
-    """The bytes of the parameters whose gradients DDP all-reduces (from its own logging data); None without DDP."""
-    if not isinstance(model, DistributedDataParallel):
-        return None
-    return model._get_ddp_logging_data()["total_parameter_size_bytes"]
-
-
 def main() -> None:
     model_args, data_args, args = config.parse_args(train.TrainingArguments, sys.argv[1:])
     args.dataloader_num_workers = 0  # the recorder must run in this process, not in a loader worker
@@ -54,7 +47,8 @@ def main() -> None:
     try:
         job = train.build_job(env, device, precision, model_args, data_args, args)
         first_step = job.step
-        ddp_bytes = ddp_parameter_bytes(job.model)
+        # DDP's own record of how it was built; none without DDP.
+        ddp = job.model._get_ddp_logging_data() if isinstance(job.model, DistributedDataParallel) else {}
         # The same sampler over the same examples, plus an index column for the recorder.
         recorder = IndexRecorder(job)
         indexed = job.data.train.add_column("sample_index", list(range(len(job.data.train))))
@@ -77,7 +71,8 @@ def main() -> None:
         "resumed_from": str(resumed_from) if resumed_from else None,
         "logged_losses": [entry["loss"] for entry in history if "loss" in entry],  # rank 0 logs; others: []
         "log_history": history,
-        "ddp_parameter_bytes": ddp_bytes,
+        "ddp_parameter_bytes": ddp.get("total_parameter_size_bytes"),  # of the parameters it all-reduces
+        "ddp_broadcast_buffers": ddp.get("broadcast_buffers"),  # 1: buffers synced before each forward
     }
     (probe_dir / f"rank{env.rank}.json").write_text(json.dumps(record))
     state = {name: tensor.detach().cpu().contiguous().clone() for name, tensor in job.module.state_dict().items()}

@@ -55,6 +55,9 @@ def main() -> None:
     train.train_and_evaluate(trainer, training_args, data_args.test_file)
 
     rank = int(os.environ.get("RANK", "0"))
+    # The Trainer's DDP wrapper's own record of how it was built; none without DDP.
+    wrapped = trainer.model_wrapped
+    ddp = wrapped._get_ddp_logging_data() if isinstance(wrapped, DistributedDataParallel) else {}
     probe_dir = Path(training_args.output_dir) / "probe"
     probe_dir.mkdir(parents=True, exist_ok=True)
     record = {
@@ -64,9 +67,8 @@ def main() -> None:
         "steps_run": recorder.steps,
         "resumed_from": str(resumed_from) if resumed_from else None,
         "logged_losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
-        # The Trainer's DDP wrapper, from DDP's own logging data.
-        "ddp_parameter_bytes": (trainer.model_wrapped._get_ddp_logging_data()["total_parameter_size_bytes"]
-                                if isinstance(trainer.model_wrapped, DistributedDataParallel) else None),
+        "ddp_parameter_bytes": ddp.get("total_parameter_size_bytes"),  # of the parameters it all-reduces
+        "ddp_broadcast_buffers": ddp.get("broadcast_buffers"),  # 1: buffers synced before each forward
     }
     (probe_dir / f"rank{rank}.json").write_text(json.dumps(record))
     state = {name: tensor.detach().cpu().contiguous().clone() for name, tensor in trainer.model.state_dict().items()}

@@ -54,6 +54,11 @@ def test_world_size_is_two(first_run: dict) -> None:
     assert [record["world_size"] for record in first_run["records"]] == [2, 2]
 
 
+def test_ddp_syncs_no_buffers_before_each_forward_and_says_nothing_of_it(first_run: dict) -> None:
+    assert [record["ddp_broadcast_buffers"] for record in first_run["records"]] == [0, 0]  # a collective a step
+    assert "broadcast_buffers" not in first_run["log"]  # no FutureWarning per rank about the flag's name
+
+
 def test_ranks_end_with_identical_weights(first_run: dict, smoke_assets: Path) -> None:
     probe = first_run["output_dir"] / "probe"
     rank0, rank1 = load_file(probe / "rank0.safetensors"), load_file(probe / "rank1.safetensors")

@@ -258,7 +258,19 @@ def test_the_trainers_loader_workers_start_with_the_projects_sigterm_handling(sm
         assert worker_init_fn.func is package_module("stopping")._end_on_parent_sigterm_then
 
 
-@pytest.mark.parametrize("name", ["_get_train_sampler", "_run_epoch"])
+def test_the_trainers_eval_batches_come_longest_first(smoke_assets: Path, tmp_path: Path) -> None:
+    flags = [*smoke_flags(smoke_assets, tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")]
+    model_args, data_args, training_args = config.parse_args(TrainingArguments, flags)
+    train.prepare_run(training_args)
+    trainer = train.build_trainer(model_args, data_args, training_args)
+    masks = [batch["attention_mask"] for batch in trainer.get_eval_dataloader()]
+    lengths = [int(length) for mask in masks for length in mask.sum(dim=1)]
+    assert len(lengths) == len(trainer.eval_dataset) > 2 * training_args.per_device_eval_batch_size
+    assert lengths == sorted(lengths, reverse=True)  # every row once, longest first
+    assert [mask.shape[1] for mask in masks] == [max(mask.sum(dim=1)) for mask in masks]  # padded to its longest
+
+
+@pytest.mark.parametrize("name", ["_get_train_sampler", "_get_eval_sampler", "_run_epoch"])
 def test_a_trainer_without_a_private_method_this_project_overrides_stops_the_run_in_one_line(
     smoke_assets: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, name: str,
     datasets_cache_in_tmp_path: None,

@@ -16,6 +16,7 @@ import logging
 import math
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -41,6 +42,7 @@ from .distributed import (
     cleanup_distributed,
     gathered_on_rank0,
     is_distributed,
+    length_sorted_shard,
     print_error,
     setup_logging,
     start_distributed,
@@ -75,6 +77,9 @@ from .training_args import CHECKPOINT_LAST_FILE, TrainingArguments
 
 RUN_TOTALS = "run_totals.json"  # time and examples trained up to this checkpoint, over every leg of the run
 logger = logging.getLogger(f"{__package__}.train")  # not __name__: that is "__main__" under python -m
+# transformers hands DDP --ddp_broadcast_buffers by the name torch 2.13 deprecates, with a FutureWarning per
+# rank. False still means no sync before each forward, nor at the start: the ranks load the same buffers.
+warnings.filterwarnings("ignore", r"`broadcast_buffers` is deprecated", FutureWarning)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -287,7 +292,7 @@ def with_loader_workers_kept_through_sigterm(loader):
 class ClassificationTrainer(Trainer):
     # Private Trainer methods overridden below: no public hook does what they do. Were one renamed upstream,
     # the override would be dead code and its fix silently gone; check_private_overrides stops the run instead.
-    PRIVATE_OVERRIDES = ("_get_train_sampler", "_run_epoch")
+    PRIVATE_OVERRIDES = ("_get_train_sampler", "_get_eval_sampler", "_run_epoch")
 
     def get_train_dataloader(self):
         return with_loader_workers_kept_through_sigterm(super().get_train_dataloader())
@@ -299,6 +304,11 @@ class ClassificationTrainer(Trainer):
         if self.args.train_sampling_strategy != "group_by_length":
             return super()._get_train_sampler(train_dataset)
         return EpochSeededLengthGroupedSampler(self, (train_dataset or self.train_dataset)["length"])
+
+    def _get_eval_sampler(self, eval_dataset):
+        # In order: build_trainer sorts the eval set longest first, so each batch pads little. Upstream's
+        # group_by_length sorts within random megabatches only (of 4 batches on 128 rows: 42% more tokens).
+        return None
 
     def _run_epoch(self, *args, **kwargs):
         # Upstream checks for the last step only after taking one: resumed from a checkpoint at its
@@ -340,7 +350,8 @@ def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: Tr
         model=model,
         args=args,
         train_dataset=data.train,
-        eval_dataset=data.validation,
+        # Longest first, read in this order (_get_eval_sampler): the whole set as one length-sorted shard.
+        eval_dataset=data.validation.select(length_sorted_shard(data.validation["length"], 0, 1)),
         processing_class=tokenizer,
         data_collator=build_collator(tokenizer, mixed_precision=args.fp16 or args.bf16),
         compute_metrics=ComputeMetrics(data.task),

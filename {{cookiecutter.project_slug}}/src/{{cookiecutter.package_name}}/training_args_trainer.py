@@ -50,6 +50,9 @@ class TrainingArguments(transformers.TrainingArguments):
     ddp_find_unused_parameters: bool | None = field(default=False, metadata={
         "help": "For models whose forward skips other parameters on other inputs; true also keeps unused ones "
                 "trainable."})
+    # Buffers such as position ids never change here: syncing them wastes a collective per micro-step.
+    ddp_broadcast_buffers: bool | None = field(default=False, metadata={
+        "help": "Sync buffers before each forward."})
     # The collator drops helper columns itself; keeping them lets the length sampler read "length".
     remove_unused_columns: bool = field(
         default=False, metadata={"help": "Drop dataset columns the model does not take, before collation."})
