@@ -41,14 +41,18 @@ def test_metrics_flatten_their_inputs_and_handle_no_examples() -> None:
     assert empty["confusion_matrix"] == [[0, 0], [0, 0]]
 
 
-def test_training_curves_plot_loss_learning_rate_and_eval_metrics(tmp_path: Path) -> None:
+def test_training_curves_plot_loss_learning_rate_and_eval_metrics_logged_more_than_once(tmp_path: Path) -> None:
     history = [{"step": 1, "loss": 0.7, "learning_rate": 1e-3, "grad_norm": 1.0},
+               {"step": 1, "eval_accuracy": 0.6, "eval_loss": 0.6, "eval_runtime": 1.0},
                {"step": 2, "loss": 0.5, "learning_rate": 5e-4},
-               {"step": 2, "eval_accuracy": 0.8, "eval_loss": 0.4, "eval_runtime": 1.0, "eval_per_class": {}}]
+               {"step": 2, "eval_accuracy": 0.8, "eval_loss": 0.4, "eval_runtime": 1.0, "eval_per_class": {}},
+               {"step": 2, "eval_f1_macro": 0.7}]  # the Trainer's final evaluation adds one such line
     path = tmp_path / "training_curves.png"
     series = package_module("metrics").plot_training_curves(history, path)
     assert series == ["eval_accuracy", "eval_loss", "learning_rate", "loss"]
     assert path.read_bytes().startswith(b"\x89PNG")
+    assert package_module("metrics").plot_training_curves(history[:2], tmp_path / "one_step.png") == []
+    assert not (tmp_path / "one_step.png").exists()
 
 
 def test_write_metrics_writes_sorted_json(tmp_path: Path) -> None:

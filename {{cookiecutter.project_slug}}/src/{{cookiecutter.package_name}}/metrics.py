@@ -156,21 +156,26 @@ def whole_run_metrics(history: list[dict], totals: dict, steps: int) -> dict[str
 
 
 def plot_training_curves(history: list[dict], path: Path) -> list[str]:
-    """Train loss, learning rate and every eval metric against the step, in one PNG; returns the series."""
+    """Train loss, learning rate and each eval metric logged at two steps or more (a point is no curve: the
+    final evaluation is in metrics.json) against the step, in one PNG; returns the series."""
+    points: dict[str, list] = {}
+    for entry in (entry for entry in history if "step" in entry):
+        for key, value in scalars(entry).items():
+            if key in ("loss", "learning_rate") or (key.startswith("eval_") and not key.endswith(
+                    ("runtime", "per_second", "num_examples"))):
+                points.setdefault(key, []).append((entry["step"], value))
+    series = sorted(name for name, logged in points.items() if len(logged) > 1)
+    if not series:
+        return []
     import matplotlib
 
     matplotlib.use("Agg")  # no display: write the file only
     from matplotlib import pyplot as plt
 
-    series = sorted({key for entry in history for key, value in scalars(entry).items()
-                     if key in ("loss", "learning_rate") or (key.startswith("eval_") and not key.endswith(
-                         ("runtime", "per_second", "num_examples")))})
-    if not series:
-        return []
     figure, axes = plt.subplots(len(series), 1, figsize=(7, 2.2 * len(series)), sharex=True, squeeze=False)
     for axis, name in zip(axes[:, 0], series, strict=True):
-        points = [(entry["step"], entry[name]) for entry in history if name in entry and "step" in entry]
-        axis.plot(*zip(*points, strict=True), marker="." if len(points) < 50 else None, label=name)
+        steps, values = zip(*points[name], strict=True)
+        axis.plot(steps, values, marker="." if len(steps) < 50 else None, label=name)
         axis.set_ylabel(name)
         axis.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("step")
