@@ -766,7 +766,7 @@ def test_every_function_and_class_the_package_defines_is_used_by_the_project(ren
 # proofs stay in the template: tests/proofs/). src/ and its lines over 110 characters are held at the
 # counts they have come down to (README.md, "What you get"): lower them as the code shrinks.
 TESTS_CAP, SHELL_CAP = 3000, 450
-SRC_CAP = {"native": 3854, "trainer": 3342}
+SRC_CAP = {"native": 3854, "trainer": 3341}
 LONG_LINES_CAP = {"native": 63, "trainer": 81}
 
 

@@ -89,8 +89,8 @@ class DataArguments:
             if path is not None and not path.endswith(DATA_SUFFIXES):
                 raise ConfigError(f"--{name} {path!r}: unsupported format; use .csv, .json, .jsonl or .parquet")
         for name in ("max_seq_length", "max_train_samples", "max_eval_samples"):  # None: every example
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ConfigError(f"--{name} {getattr(self, name)}: must be >= 1")
+            if (value := getattr(self, name)) is not None and value < 1:
+                raise ConfigError(f"--{name} {value}: must be >= 1")
         if self.text_pair_column in (self.text_column, self.label_column):
             raise ConfigError(f"--text_pair_column {self.text_pair_column}: use a column other than the text "
                               "and label columns")

@@ -115,7 +115,7 @@ def prepare_run(args: TrainingArguments) -> None:
 def check_really_distributed(world_size_in_use: int) -> None:
     """Fail loudly when torchrun started several processes but each would train alone."""
     expected = TorchrunEnv.read().world_size
-    group_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    group_size = dist.get_world_size() if is_distributed() else 1
     if expected > 1 and (group_size != expected or world_size_in_use != expected):
         raise RuntimeError(
             f"WORLD_SIZE={expected} but this process would train with world size {world_size_in_use} "
@@ -407,12 +407,11 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
         # distributed sampler repeats to even out the ranks: every example counts exactly once.
         metrics.update(trainer.evaluate())
         metrics.update(trainer.compute_metrics.tables)
-    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
     # Each rank predicts its own share of the rows, in its own number of batches: under FSDP on whole weights.
     with whole_weights(trainer.model) if args.do_predict else contextlib.nullcontext():
         write_results(args, metrics, trainer.state.log_history, trainer.is_world_process_zero(), trainer.model,
-                      trainer.processing_class, trainer.compute_metrics.task, test_file, args.device, precision,
-                      preprocessing_num_workers)
+                      trainer.processing_class, trainer.compute_metrics.task, test_file, args.device,
+                      args.device_settings.precision, preprocessing_num_workers)
     return metrics
 
 
