@@ -767,7 +767,7 @@ def test_every_function_and_class_the_package_defines_is_used_by_the_project(ren
 # counts they have come down to (README.md, "What you get"): lower them as the code shrinks.
 TESTS_CAP, SHELL_CAP = 3000, 450
 SRC_CAP = {"native": 3854, "trainer": 3341}
-LONG_LINES_CAP = {"native": 63, "trainer": 81}
+LONG_LINES_CAP = {"native": 63, "trainer": 80}
 
 
 def line_counts(paths: list[Path]) -> tuple[int, int]:
