@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import platform
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -109,13 +111,27 @@ def write_log_line(step: int, logs: dict) -> dict[str, float]:
     return entry
 
 
+def library_versions() -> dict[str, str]:
+    """The versions a run used: Python, torch and its CUDA, and the Hugging Face libraries installed."""
+    import torch
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda or "none"}
+    for name in ("transformers", "accelerate", "datasets", "tokenizers", "peft"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
 def write_metrics(output_dir: str, metrics: dict, trained: bool) -> Path:
-    """Write output_dir/metrics.json. A run that trained writes it whole; a run that only evaluated
-    replaces the eval_* figures and keeps the train figures of the run that wrote it."""
+    """Write output_dir/metrics.json, with the versions this run used. A run that trained writes it whole; a run
+    that only evaluated replaces the eval_* figures and keeps the train figures of the run that wrote it."""
     path = Path(output_dir) / "metrics.json"
     if not trained and path.is_file():
         kept = {key: value for key, value in json.loads(path.read_text()).items() if not key.startswith("eval_")}
         metrics = kept | {key: value for key, value in metrics.items() if key.startswith("eval_")}
+    metrics = metrics | {"versions": library_versions()}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     return path
