@@ -15,6 +15,7 @@ tests/test_versions.py fails when the file and this environment disagree.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import sys
@@ -85,6 +86,7 @@ def installed_closure(requirements: Iterable[str]) -> dict[str, str]:
     return dict(sorted(versions.items()))
 
 
+@functools.cache
 def shipped_versions() -> tuple[dict[str, str], dict[str, dict[str, str]]]:
     """(what every render pins, {tracker: what only that tracker's renders pin})."""
     common: dict[str, str] = {}

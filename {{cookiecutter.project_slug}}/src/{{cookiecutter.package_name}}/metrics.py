@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 from collections.abc import Sequence
@@ -115,18 +116,16 @@ def library_versions() -> dict[str, str]:
     """The versions a run used: Python, torch and its CUDA, and the Hugging Face libraries installed."""
     import torch
 
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda or "none"}
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
     for name in ("transformers", "accelerate", "datasets", "tokenizers", "peft"):
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
     return versions
 
 
 def write_metrics(output_dir: str, metrics: dict, trained: bool) -> Path:
-    """Write output_dir/metrics.json, with the versions this run used. A run that trained writes it whole; a run
-    that only evaluated replaces the eval_* figures and keeps the train figures of the run that wrote it."""
+    """Write output_dir/metrics.json with library_versions(). A run that trained writes it whole; one that
+    only evaluated replaces the eval_* figures and keeps the train figures of the run that wrote it."""
     path = Path(output_dir) / "metrics.json"
     if not trained and path.is_file():
         kept = {key: value for key, value in json.loads(path.read_text()).items() if not key.startswith("eval_")}
