@@ -27,8 +27,8 @@ from test_render import make_env, run_make
 
 TRACKERS = cookiecutter_json()["experiment_tracker"][1:]
 # The libraries whose floors the floors run installs where a render declares them, each at the lowest release
-# its range allows. torch stays
-# at the shipped version: the package index serves older torch releases only as multi-GB CUDA builds.
+# its range allows. torch stays at the shipped version: the package index serves older releases only as
+# multi-GB CUDA builds.
 FLOOR_PACKAGES = ("transformers", "datasets", "accelerate", "peft", "tokenizers")
 INSTALL_TIMEOUT = 1200
 
