@@ -256,6 +256,7 @@ def test_tracker_runs_cover_every_tracker_and_the_others_take_none(default_answe
     assert trackers[0] == default_answers["experiment_tracker"] == "none"
     assert {combo.experiment_tracker for combo in SUPPORTED} == {"none"}
     assert [combo.experiment_tracker for combo in TRACKER_RUNS] == trackers[1:]
+    assert {combo.training_loop for combo in TRACKER_SUITE_RUNS} == set(cookiecutter_json()["training_loop"])
     for combo in TRACKER_RUNS:
         assert pre_gen.find_first_problem(recorded_answers(combo, default_answers)) is None, combo.id
 
@@ -813,7 +814,7 @@ def test_every_function_and_class_the_package_defines_is_used_by_the_project(ren
 # proofs stay in the template: tests/proofs/). src/ and its lines over 110 characters are held at the
 # counts they have come down to (README.md, "What you get"): lower them as the code shrinks.
 TESTS_CAP, SHELL_CAP = 3000, 450
-SRC_CAP = {"native": 3854, "trainer": 3341}
+SRC_CAP = {"native": 3721, "trainer": 3272}
 LONG_LINES_CAP = {"native": 63, "trainer": 80}
 
 
