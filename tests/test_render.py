@@ -506,10 +506,14 @@ def test_readme_and_folders_hold_nothing_for_an_answer_not_chosen(rendered, comb
     assert ("wandb/" in gitignore) == ("runs/" in gitignore) == tracked
 
 
-# What tracker code would name. The Trainer keeps transformers' own --report_to (default none), which its
-# training_args.py checks while parsing, as it checks every other flag of the Trainer's, and its test names.
+# What tracker code would name. The files that may name report_to all the same: the Trainer keeps transformers'
+# own --report_to (default none), which its training_args.py checks while parsing, as it checks every other flag
+# of the Trainer's, and its test names; the config test reads report_to where a shipped config sets it.
 TRACKER_WORDS_RE = re.compile(r"track(er|ing)|wandb|mlflow|tensorboard|report_to", re.IGNORECASE)
-TRAINER_FLAG_FILES = {f"src/{PACKAGE}/training_args.py", "tests/test_training_args.py"}
+REPORT_TO_FILES = {
+    "trainer": {f"src/{PACKAGE}/training_args.py", "tests/test_training_args.py", "tests/test_config.py"},
+    "native": {"tests/test_config.py"},
+}
 
 
 @pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS))
@@ -519,7 +523,7 @@ def test_without_a_tracker_no_line_of_code_tests_or_dependencies_names_one(rende
     for name in sorted(name for name in relative_files(project) if name.endswith((".py", ".toml"))):
         for number, line in enumerate((project / name).read_text(encoding="utf-8").splitlines(), start=1):
             words = {match.group().lower() for match in TRACKER_WORDS_RE.finditer(line)}
-            if combo.training_loop == "trainer" and name in TRAINER_FLAG_FILES:
+            if name in REPORT_TO_FILES[combo.training_loop]:
                 words.discard("report_to")
             if words:
                 found.append(f"{name}:{number}: {line.strip()}")
