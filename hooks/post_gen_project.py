@@ -8,8 +8,12 @@ Steps, in order:
 1. Keep the chosen files (``PER_LOOP_FILES``, ``KEPT_ONLY_WHEN``): the chosen loop's
    ``<name>_<loop>.py`` becomes ``<name>.py`` and the other loop's is deleted, and a
    file kept only for an answer (native-only modules, the sbatch script and its logs/
-   folder, the container and Kubernetes files) is deleted for any other, with a folder
-   it leaves empty. A file this step expects but cannot find is a template bug: refused.
+   folder, the container and Kubernetes files, the tracker's modules and test) is
+   deleted for any other, with a folder it leaves empty. A file this step expects but
+   cannot find is a template bug: refused. Then keep the chosen lines
+   (``LINES_KEPT_ONLY_WHEN``): a Python line that ends with a marker, such as
+   ``# [tracker]``, loses the marker where its answer fits and is deleted elsewhere, so
+   that a feature not chosen leaves no line in the code that would call it.
 2. Make ``scripts/*.sh`` and ``scripts/*.sbatch`` executable.
 3. Refuse the project if any text file still holds unrendered template text: a
    double-brace expression or a block tag that names ``cookiecutter``. Answers may
@@ -33,7 +37,7 @@ import re
 import shutil
 import sys
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 
 # tojson writes ' as \u0027, so no answer can close this literal.
@@ -59,17 +63,31 @@ class TemplateBug(Exception):
 # The template ships <name>_<loop>.py for each loop; the project gets <name>.py.
 PER_LOOP_FILES = (
     "src/{package}/train.py",
+    "src/{package}/trackers.py",
     "src/{package}/training_args.py",
     "tests/ddp_probe.py",
     "tests/test_training_args.py",
 )
-# Files kept only when an answer has this value, deleted otherwise.
+
+
+def other_than(value: object) -> Callable[[object], bool]:
+    """A condition of KEPT_ONLY_WHEN that holds for every answer but ``value``."""
+    return lambda answer: answer != value
+
+
+def fits(answer: object, condition: object) -> bool:
+    """Whether an answer meets a condition: a predicate, or the one value it must equal."""
+    return condition(answer) if callable(condition) else answer == condition
+
+
+TRACKER_CHOSEN = ("experiment_tracker", other_than("none"))
+# Files kept only when an answer meets this condition (its value, or a predicate), deleted otherwise. A file
+# of PER_LOOP_FILES is named here by its project path: both loops' files go when the condition fails.
 KEPT_ONLY_WHEN = {
     ("training_loop", "native"): (
         "src/{package}/batching.py",
         "src/{package}/checkpoint.py",
         "src/{package}/sharding.py",
-        "src/{package}/trackers.py",
         "tests/test_batching.py",
         "tests/test_native_loop.py",
     ),
@@ -78,23 +96,31 @@ KEPT_ONLY_WHEN = {
         "logs/.gitkeep",
     ),
     ("include_kubernetes", True): ("Dockerfile", ".dockerignore", "k8s/trainjob.yaml"),
+    TRACKER_CHOSEN: ("src/{package}/tracking.py", "src/{package}/trackers.py", "tests/test_tracking.py"),
 }
+# Python lines kept only when an answer meets a condition, marked in the template by a comment that ends them.
+LINES_KEPT_ONLY_WHEN = {"# [tracker]": TRACKER_CHOSEN}
 
 
 def chosen_file_moves(answers: Mapping[str, object]) -> tuple[dict[str, str], list[str]]:
     """Return ({source: destination} renames, [deletions]) as project-relative paths."""
+    unwanted = [
+        pattern.format(package=answers["package_name"])
+        for (variable, condition), patterns in KEPT_ONLY_WHEN.items()
+        if not fits(answers[variable], condition)
+        for pattern in patterns
+    ]
     renames, deletions = {}, []
     for pattern in PER_LOOP_FILES:
         path = PurePosixPath(pattern.format(package=answers["package_name"]))
         for loop in TRAINING_LOOPS:
             source = path.with_stem(f"{path.stem}_{loop}").as_posix()
-            if loop == answers["training_loop"]:
+            if loop == answers["training_loop"] and path.as_posix() not in unwanted:
                 renames[source] = path.as_posix()
             else:
                 deletions.append(source)
-    for (variable, value), patterns in KEPT_ONLY_WHEN.items():
-        if answers[variable] != value:
-            deletions += [pattern.format(package=answers["package_name"]) for pattern in patterns]
+    per_loop = {pattern.format(package=answers["package_name"]) for pattern in PER_LOOP_FILES}
+    deletions += [path for path in unwanted if path not in per_loop]  # those went as their loops' files
     return renames, list(dict.fromkeys(deletions))  # a file kept under two conditions is deleted once
 
 
@@ -114,6 +140,29 @@ def keep_chosen_files(project: Path, answers: Mapping[str, object]) -> None:
         while folder != project and not any(folder.iterdir()):
             folder.rmdir()  # k8s/ without its manifest, logs/ without SLURM
             folder = folder.parent
+
+
+def chosen_lines(text: str, answers: Mapping[str, object], name: str) -> str:
+    """``text`` with each marked line kept, without its marker, where its answer fits, and deleted elsewhere."""
+    kept = []
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        content = line.rstrip("\r\n")
+        for marker, (variable, condition) in LINES_KEPT_ONLY_WHEN.items():
+            if marker in content:
+                if not content.endswith(f"  {marker}"):
+                    raise TemplateBug(f"{name}:{number} holds {marker} before its end; put it last, after two spaces")
+                content = content.removesuffix(f"  {marker}") if fits(answers[variable], condition) else None
+                break
+        if content is not None:
+            kept.append(content + line[len(line.rstrip("\r\n")) :])
+    return "".join(kept)
+
+
+def keep_chosen_lines(project: Path, answers: Mapping[str, object]) -> None:
+    for path in sorted(project.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if any(marker in text for marker in LINES_KEPT_ONLY_WHEN):
+            path.write_text(chosen_lines(text, answers, path.relative_to(project).as_posix()), encoding="utf-8")
 
 
 # Tool caches that running ruff or pytest inside the template folder leaves behind.
@@ -213,6 +262,7 @@ def load_answers() -> dict[str, object]:
 def finish_project(project: Path, answers: Mapping[str, object]) -> None:
     remove_tool_caches(project)
     keep_chosen_files(project, answers)
+    keep_chosen_lines(project, answers)
     set_run_bits(project)
     unrendered = find_unrendered(project, answers)
     if unrendered:

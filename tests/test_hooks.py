@@ -626,3 +626,81 @@ def test_post_gen_refuses_unrendered_template_text(render, tmp_path, capfd):
 def test_hook_files_are_importable_without_rendering():
     assert pre_gen.ANSWERS_JSON == ANSWERS_LITERAL
     assert post_gen.ANSWERS_JSON == ANSWERS_LITERAL
+
+
+# --- Keeping the chosen files and lines, called directly ---------------------------------
+
+MOVE_ANSWERS = {"package_name": "pkg", "training_loop": "native", "include_slurm": True,
+                "include_kubernetes": True, "experiment_tracker": "none"}
+
+
+@pytest.mark.parametrize("loop", ["trainer", "native"])
+def test_a_per_loop_file_kept_only_with_a_tracker_goes_for_both_loops_without_one(loop):
+    other = "native" if loop == "trainer" else "trainer"
+    renames, deletions = post_gen.chosen_file_moves({**MOVE_ANSWERS, "training_loop": loop})
+    assert "src/pkg/trackers.py" not in renames.values()
+    assert {f"src/pkg/trackers_{loop}.py", f"src/pkg/trackers_{other}.py", "src/pkg/tracking.py",
+            "tests/test_tracking.py"} <= set(deletions)
+    assert "src/pkg/trackers.py" not in deletions  # the template holds its loops' files only
+    assert renames[f"src/pkg/train_{loop}.py"] == "src/pkg/train.py"
+
+
+@pytest.mark.parametrize("tracker", ["tensorboard", "wandb", "mlflow"])
+def test_any_tracker_but_none_keeps_the_trackers_files(tracker):
+    renames, deletions = post_gen.chosen_file_moves({**MOVE_ANSWERS, "experiment_tracker": tracker})
+    assert renames["src/pkg/trackers_native.py"] == "src/pkg/trackers.py"
+    assert "src/pkg/trackers_trainer.py" in deletions
+    assert not {"src/pkg/tracking.py", "tests/test_tracking.py", "src/pkg/trackers.py"} & set(deletions)
+
+
+def test_a_condition_is_a_value_or_a_predicate():
+    assert post_gen.fits("native", "native") and not post_gen.fits("trainer", "native")
+    assert post_gen.fits(True, True) and not post_gen.fits(False, True)
+    not_none = post_gen.other_than("none")
+    assert [post_gen.fits(answer, not_none) for answer in ["none", "wandb", "mlflow"]] == [False, True, True]
+
+
+MARKED = (
+    "import os\n"
+    "from .trackers import start  # [tracker]\n"
+    "\n"
+    "def run():\n"
+    "    if start:  # the tracker's  # [tracker]\n"
+    "        start()  # [tracker]\n"
+    "    return os.getpid()\n"
+)
+UNMARKED = "import os\n\ndef run():\n    return os.getpid()\n"
+
+
+def test_marked_lines_lose_their_marker_with_a_tracker_and_go_without_one():
+    with_tracker = post_gen.chosen_lines(MARKED, {"experiment_tracker": "wandb"}, "x.py")
+    assert with_tracker == MARKED.replace("  # [tracker]", "")
+    without = post_gen.chosen_lines(MARKED, {"experiment_tracker": "none"}, "x.py")
+    assert without == UNMARKED
+
+
+@pytest.mark.parametrize("line", ["x = 1  # [tracker] and more\n", "x = 1 # [tracker]\n", "# [tracker]\n"])
+def test_a_marker_that_does_not_end_its_line_after_two_spaces_is_a_template_bug(line):
+    with pytest.raises(post_gen.TemplateBug, match=r"^x\.py:2 holds # \[tracker\] before its end; put it last"):
+        post_gen.chosen_lines("ok = 1\n" + line, {"experiment_tracker": "none"}, "x.py")
+
+
+def test_every_line_marker_in_the_template_ends_a_python_line():
+    for path in sorted(PROJECT_TEMPLATE.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            text = path.read_text(encoding="utf-8", errors="replace")
+            for marker in post_gen.LINES_KEPT_ONLY_WHEN:
+                if marker in text:
+                    assert path.suffix == ".py", path
+                    post_gen.chosen_lines(text, {"experiment_tracker": "none"}, path.name)  # refuses a misplaced one
+
+
+def test_keep_chosen_lines_rewrites_only_the_python_files_that_hold_a_marker(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text(MARKED, encoding="utf-8")
+    (tmp_path / "plain.py").write_text("x = 1\n", encoding="utf-8")
+    (tmp_path / "notes.md").write_text("y  # [tracker]\n", encoding="utf-8")
+    post_gen.keep_chosen_lines(tmp_path, {"experiment_tracker": "none"})
+    assert (tmp_path / "src" / "a.py").read_text(encoding="utf-8") == UNMARKED
+    assert (tmp_path / "plain.py").read_text(encoding="utf-8") == "x = 1\n"
+    assert (tmp_path / "notes.md").read_text(encoding="utf-8") == "y  # [tracker]\n"

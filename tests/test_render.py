@@ -39,6 +39,7 @@ from conftest import (
     TEMPLATE_DIR,
     cookiecutter_json,
     error_lines,
+    post_gen,
     pre_gen,
     relative_files,
 )
@@ -147,7 +148,6 @@ COMMON_FILES = {
     f"src/{PACKAGE}/smoke.py",
     f"src/{PACKAGE}/stopping.py",
     f"src/{PACKAGE}/torchrun.py",
-    f"src/{PACKAGE}/tracking.py",
     f"src/{PACKAGE}/worker.py",
     "tests/conftest.py",
     "tests/test_config.py",
@@ -164,7 +164,6 @@ COMMON_FILES = {
     "tests/test_smoke.py",
     "tests/test_tasks.py",
     "tests/test_torchrun.py",
-    "tests/test_tracking.py",
 }
 # Each is <name>_<loop>.py in the template; post-gen keeps the chosen loop's as <name>.py.
 PER_LOOP_FILES = {
@@ -177,10 +176,12 @@ NATIVE_ONLY_FILES = {
     f"src/{PACKAGE}/batching.py",
     f"src/{PACKAGE}/checkpoint.py",
     f"src/{PACKAGE}/sharding.py",
-    f"src/{PACKAGE}/trackers.py",
     "tests/test_batching.py",
     "tests/test_native_loop.py",
 }
+# With a tracker only; trackers.py is <name>_<loop>.py in the template, as PER_LOOP_FILES are.
+TRACKER_ONLY_FILES = {f"src/{PACKAGE}/tracking.py", f"src/{PACKAGE}/trackers.py", "tests/test_tracking.py"}
+PER_LOOP_TRACKER_FILES = {f"src/{PACKAGE}/trackers.py"}
 SLURM_SCRIPT = "scripts/train_slurm.sbatch"
 # The script and its log folder (its tests under a real SLURM are the template's: tests/proofs/).
 SLURM_ONLY_FILES = {SLURM_SCRIPT, "logs/.gitkeep"}
@@ -196,6 +197,8 @@ def expected_files(combo: Combination) -> set[str]:
         files |= SLURM_ONLY_FILES
     if combo.include_kubernetes:
         files |= KUBERNETES_ONLY_FILES
+    if combo.experiment_tracker != "none":
+        files |= TRACKER_ONLY_FILES
     return files
 
 
@@ -259,6 +262,7 @@ def test_tracker_runs_cover_every_tracker_and_the_others_take_none(default_answe
     assert {combo.experiment_tracker for combo in SUPPORTED} == {"none"}
     for loop in cookiecutter_json()["training_loop"]:
         assert [c.experiment_tracker for c in TRACKER_RUNS if c.training_loop == loop] == trackers[1:], loop
+    assert {combo.training_loop for combo in TRACKER_PROOF_RUNS} == set(cookiecutter_json()["training_loop"])
     for combo in TRACKER_RUNS:
         assert pre_gen.find_first_problem(recorded_answers(combo, default_answers)) is None, combo.id
 
@@ -289,18 +293,20 @@ def test_render_has_exactly_the_expected_files(rendered, combo):
     )
 
 
-@pytest.mark.parametrize("combo", combination_params(SUPPORTED))
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED + TRACKER_RUNS))
 def test_per_loop_files_are_the_chosen_loops_template_files(
     rendered, combo, default_answers
 ):
+    # Less the lines of an answer not chosen (LINES_KEPT_ONLY_WHEN): test_hooks.py tests that step.
     project = rendered(combo)
     answers = recorded_answers(combo, default_answers)
     env = create_env_with_context({"cookiecutter": answers})
-    for name in sorted(PER_LOOP_FILES):
+    names = PER_LOOP_FILES | (PER_LOOP_TRACKER_FILES if combo.experiment_tracker != "none" else set())
+    for name in sorted(names):
         path = PROJECT_TEMPLATE / name.replace(PACKAGE, "{{cookiecutter.package_name}}")
         source = path.with_stem(f"{path.stem}_{combo.training_loop}")
         text = source.read_text(encoding="utf-8")
-        expected = env.from_string(text).render(cookiecutter=answers)
+        expected = post_gen.chosen_lines(env.from_string(text).render(cookiecutter=answers), answers, name)
         assert (project / name).read_text(encoding="utf-8") == expected, name
 
 
@@ -401,9 +407,10 @@ def requirement_names(requirements: list[str]) -> list[str]:
     return [re.match(r"[A-Za-z0-9._-]+", requirement).group() for requirement in requirements]
 
 
-@pytest.mark.parametrize("combo", combination_params([SUITE_RUNS[1], *TRACKER_RUNS]))
+@pytest.mark.parametrize("combo", combination_params([*SUITE_RUNS, *TRACKER_RUNS]))
 def test_the_chosen_trackers_packages_are_dependencies_and_every_tracker_an_extra(rendered, combo):
-    # `make install` and the README's `pip install -e ".[dev]"` then bring the chosen one.
+    # `make install` and the README's `pip install -e ".[dev]"` then bring the chosen one. With none, no tracker
+    # is a dependency or an extra.
     pyproject = tomllib.loads((rendered(combo) / "pyproject.toml").read_text(encoding="utf-8"))
     project = pyproject["project"]
     every_tracker_package = {name for names in TRACKER_PACKAGES.values() for name in names}
@@ -411,8 +418,8 @@ def test_the_chosen_trackers_packages_are_dependencies_and_every_tracker_an_extr
     assert [name for name in dependencies if name in every_tracker_package] == TRACKER_PACKAGES.get(
         combo.experiment_tracker, []
     )
-    extras = project["optional-dependencies"]
-    assert {tracker: requirement_names(extras[tracker]) for tracker in TRACKER_PACKAGES} == TRACKER_PACKAGES
+    extras = {name: requirement_names(packages) for name, packages in project["optional-dependencies"].items()}
+    assert extras == {"dev": extras["dev"], **(TRACKER_PACKAGES if combo.experiment_tracker != "none" else {})}
 
 
 # Import names that differ from the distribution's.
@@ -490,7 +497,6 @@ README_TEXT_ONLY_FOR = {
         "`batching.py`",
         "`checkpoint.py`",
         "`sharding.py`",
-        "`trackers.py`",
         "the `GradScaler` skipped",
         "any other is refused by the parser",
     ],
@@ -498,8 +504,9 @@ README_TEXT_ONLY_FOR = {
     ("experiment_tracker", "wandb"): ["wandb sync", "WANDB_MODE", "offline-run-"],
     ("experiment_tracker", "mlflow"): ["mlflow ui", "MLFLOW_TRACKING_URI", "mlflow.db"],
 }
-# Any tracker's; with none, the options table only lists --report_to's values.
-TRACKER_SECTION_TEXT = ["## Experiment tracking", "tracking.py` sets only where you have not"]
+# Any tracker's; with none, no line names --report_to or a tracker module.
+TRACKER_SECTION_TEXT = ["## Experiment tracking", "tracking.py` takes your value", "`trackers.py`", "`--report_to`",
+                        "the trackers;"]
 
 
 @pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS + TRACKER_RUNS))
@@ -511,11 +518,37 @@ def test_readme_and_folders_hold_nothing_for_an_answer_not_chosen(rendered, comb
         assert found == (strings if chosen else []), (variable, value)
     tracked = combo.experiment_tracker != "none"
     assert [text for text in TRACKER_SECTION_TEXT if text in readme] == (TRACKER_SECTION_TEXT if tracked else [])
-    # logs/, where the sbatch script writes, and its .gitignore lines only with SLURM.
+    # logs/, where the sbatch script writes, and its .gitignore lines only with SLURM; the trackers' folders
+    # only with a tracker.
     project = rendered(combo)
     assert (project / "logs").is_dir() == combo.include_slurm
     gitignore = (project / ".gitignore").read_text(encoding="utf-8")
     assert ("logs/" in gitignore) == combo.include_slurm
+    assert ("wandb/" in gitignore) == ("runs/" in gitignore) == tracked
+
+
+# What tracker code would name. The files that may name report_to all the same: the Trainer keeps transformers'
+# own --report_to (default none), which its training_args.py checks while parsing, as it checks every other flag
+# of the Trainer's, and its test names; the config test reads report_to where a shipped config sets it.
+TRACKER_WORDS_RE = re.compile(r"track(er|ing)|wandb|mlflow|tensorboard|report_to", re.IGNORECASE)
+REPORT_TO_FILES = {
+    "trainer": {f"src/{PACKAGE}/training_args.py", "tests/test_training_args.py", "tests/test_config.py"},
+    "native": {"tests/test_config.py"},
+}
+
+
+@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS))
+def test_without_a_tracker_no_line_of_code_tests_or_dependencies_names_one(rendered, combo):
+    project = rendered(combo)
+    found = []
+    for name in sorted(name for name in relative_files(project) if name.endswith((".py", ".toml"))):
+        for number, line in enumerate((project / name).read_text(encoding="utf-8").splitlines(), start=1):
+            words = {match.group().lower() for match in TRACKER_WORDS_RE.finditer(line)}
+            if name in REPORT_TO_FILES[combo.training_loop]:
+                words.discard("report_to")
+            if words:
+                found.append(f"{name}:{number}: {line.strip()}")
+    assert found == []
 
 
 @pytest.mark.parametrize("combo", combination_params(SUPPORTED + TRACKER_RUNS))
@@ -667,6 +700,7 @@ def summary_counts(output: str) -> dict[str, int]:
 PROOFS = TEMPLATE_DIR / "tests" / "proofs"
 SLURM_PROOFS = ["slurm_cluster.py", "test_slurm.py", "test_slurm_cluster.py", "slow_steps.py"]
 NATIVE_PROOFS = ["test_native_resume.py", "test_fsdp.py"]
+TRACKER_PROOFS = ["test_tracking_runs.py"]  # marked tracker; they need warm_launch.py and proof_scheduling.py
 # Tests of SLURM's own behaviour, which never import the package: the first suite run proves them.
 LOOP_INDEPENDENT_TESTS = ["tests/test_slurm_cluster.py"]
 
@@ -679,11 +713,13 @@ def test_loop_independent_proofs_reach_no_loop_code():
 
 def add_proofs(project: Path, combo: Combination) -> None:
     """The template's proofs, copied into a render's tests/ (the SLURM ones where it has the sbatch script, the
-    native loop's where it has that loop)."""
+    native loop's where it has that loop, the trackers' where it has one)."""
     for path in PROOFS.iterdir():
         if path.name in SLURM_PROOFS and not combo.include_slurm:
             continue
         if path.name in NATIVE_PROOFS and combo.training_loop != "native":
+            continue
+        if path.name in TRACKER_PROOFS and combo.experiment_tracker == "none":
             continue
         if path.is_dir():
             shutil.copytree(path, project / "tests" / path.name)
@@ -758,29 +794,40 @@ def run_make(project: Path, target: str, args: list[str], timeout: int, python: 
     return output
 
 
+# make test-all (pytest-xdist workers, each module on one), which runs the proofs too, ordered and grouped by
+# their plugin (tests/proofs/proof_scheduling.py).
+SUITE_ARGS = ["-q", "-x", "-p", "no:cacheprovider", "-p", "proof_scheduling"]
+
+
 @pytest.mark.rendered_suite
 @pytest.mark.parametrize("combo", combination_params(SUITE_RUNS))
 def test_rendered_repo_passes_its_own_test_suite_and_the_template_proofs(rendered, combo, tmp_path):
     # A copy, so the run's caches and outputs never reach the shared render.
     project = Path(shutil.copytree(rendered(combo), tmp_path / SLUG))
     add_proofs(project, combo)
-    # What its README tells a user to run, make test-all (pytest-xdist workers, each module on one), which
-    # runs the proofs too, ordered and grouped by their plugin (tests/proofs/proof_scheduling.py).
-    args = ["-q", "-x", "-p", "no:cacheprovider", "-p", "proof_scheduling"]
-    if combo != SUITE_RUNS[0]:
-        args += [f"--ignore={name}" for name in LOOP_INDEPENDENT_TESTS]
-    run_make(project, "test-all", args, SUITE_TIMEOUT)
+    args = [] if combo == SUITE_RUNS[0] else [f"--ignore={name}" for name in LOOP_INDEPENDENT_TESTS]
+    run_make(project, "test-all", [*SUITE_ARGS, *args], SUITE_TIMEOUT)
+
+
+# The trackers' proofs train with each one, so they need a render with a tracker (whichever it is, its
+# --report_to takes all three): the first of each loop runs them beside its own tests but the slow ones.
+TRACKER_PROOF_RUNS = [next(c for c in TRACKER_RUNS if c.training_loop == loop) for loop in ("trainer", "native")]
 
 
 @pytest.mark.rendered_suite
 @pytest.mark.parametrize("combo", combination_params(TRACKER_RUNS))
 def test_rendered_repo_passes_its_own_make_test(rendered, combo, tmp_path):
-    # The test a user runs before each commit, on a render of other answers than the suites'.
+    # The test a user runs before each commit, on renders of the answers the suites do not take.
     project = Path(shutil.copytree(rendered(combo), tmp_path / SLUG))
-    run_make(project, "test", ["-q", "-p", "no:cacheprovider"], timeout=600)
+    if combo not in TRACKER_PROOF_RUNS:
+        run_make(project, "test", ["-q", "-p", "no:cacheprovider"], timeout=600)
+        return
+    for name in [*TRACKER_PROOFS, "warm_launch.py", "proof_scheduling.py"]:
+        shutil.copy2(PROOFS / name, project / "tests" / name)
+    run_make(project, "test-all", [*SUITE_ARGS, "-m", "'not slow or tracker'"], SUITE_TIMEOUT)
 
 
-@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS))
+@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS + TRACKER_RUNS))
 def test_every_function_and_class_the_package_defines_is_used_by_the_project(rendered, combo):
     # A render ships only what its loop runs: a top-level definition named nowhere else in the package,
     # the scripts, the configs or the manifests (tests do not count) is code the render does not use.
@@ -807,7 +854,7 @@ def test_every_function_and_class_the_package_defines_is_used_by_the_project(ren
 # proofs stay in the template: tests/proofs/). src/ and its lines over 110 characters are held at the
 # counts they have come down to (README.md, "What you get"): lower them as the code shrinks.
 TESTS_CAP, SHELL_CAP = 3000, 450
-SRC_CAP = {"native": 3869, "trainer": 3356}
+SRC_CAP = {"native": 3721, "trainer": 3272}
 LONG_LINES_CAP = {"native": 63, "trainer": 80}
 
 

@@ -101,7 +101,7 @@ def classification_metrics(predictions: np.ndarray, labels: np.ndarray, label_na
 
 
 def scalars(logs: dict) -> dict[str, float]:
-    """The numbers of a log entry, for log lines and TensorBoard (per-class tables stay in metrics.json)."""
+    """The numbers of a log entry, as its log line holds them (per-class tables stay in metrics.json)."""
     return {key: value for key, value in logs.items() if isinstance(value, (int, float))}
 
 

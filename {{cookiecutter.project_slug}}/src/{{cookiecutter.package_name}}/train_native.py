@@ -49,7 +49,7 @@ from .metrics import (
     add_run_totals,
     finished_message,
     is_finished,
-    scalars,
+    scalars,  # [tracker]
     task_metrics,
     whole_run_metrics,
     write_log_line,
@@ -67,7 +67,7 @@ from .resume import agree_on_resume_checkpoint
 from .sharding import assert_shards_reduced, gather_final_weights, is_sharded, shard_model
 from .stopping import StopRequest
 from .torchrun import STOPPED_EXIT_CODE, TorchrunEnv
-from .trackers import Tracker, start_tracker
+from .trackers import Tracker, start_tracker  # [tracker]
 from .training_args import TrainingArguments
 
 logger = logging.getLogger(f"{__package__}.train")  # not __name__: that is "__main__" under python -m
@@ -125,13 +125,13 @@ class Job:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler | None  # fp16 only: loss scaling keeps small gradients from flushing to zero
-    tracker: Tracker | None  # --report_to's, on rank 0 (trackers.py)
     step: int = 0  # optimizer steps taken, over all runs of this job
     epoch: int = 0
     step_in_epoch: int = 0
     history: list[dict] = field(default_factory=list)  # the logged lines, also saved in checkpoints
     totals: dict = field(default_factory=dict)  # time and examples trained up to the last checkpoint
     stopped: bool = False  # by SIGTERM, at a step every rank reached (StopRequest)
+    tracker: Tracker | None = None  # --report_to's, on rank 0  # [tracker]
     checkpointer: Checkpointer = field(init=False)  # saves the optimizer, schedule, scaler and state_dict()
 
     def state_dict(self) -> dict:
@@ -185,10 +185,10 @@ def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args
     scaler = None
     if precision == "fp16":  # under FSDP a rank sees its shards' overflow: ShardedGradScaler agrees on it
         scaler = ShardedGradScaler("cuda") if is_sharded(model) else torch.amp.GradScaler("cuda")
-    tracker = start_tracker(args.report_to, args.output_dir, vars(model_args) | vars(data_args) | vars(args),
-                            env.is_main_process)  # the run id in output_dir: a resume continues its run
     job = Job(args, data_args, env, device, precision, tokenizer, data, collator, sampler, train_loader, plan,
-              model, module, optimizer, scheduler, scaler, tracker)
+              model, module, optimizer, scheduler, scaler)
+    job.tracker = start_tracker(args.report_to, args.output_dir,  # [tracker]
+                                vars(model_args) | vars(data_args) | vars(args), env.is_main_process)  # [tracker]
     parts = {"scheduler": scheduler, "scaler": scaler}
     job.checkpointer = Checkpointer(args.output_dir, args.save_total_limit, module, optimizer, tokenizer,
                                     data.label_names, plan.as_dict(), parts, position=job)
@@ -253,16 +253,16 @@ def train_and_evaluate(job: Job) -> dict[str, float]:
             save_final_model(job)
         if args.do_eval:
             metrics.update(evaluate(job))
-            if job.tracker is not None:  # the final evaluation too, as the Trainer's trackers get it
-                job.tracker.log(scalars(metrics), job.step)
+            if job.tracker is not None:  # the final evaluation too, as the Trainer's trackers get it  # [tracker]
+                job.tracker.log(scalars(metrics), job.step)  # [tracker]
         with whole_weights(job.module) if args.do_predict else contextlib.nullcontext():  # as in evaluate
             write_results(args, metrics, job.history, job.env.is_main_process, job.module, job.tokenizer,
                           job.data.task, job.data_args.test_file, job.device, job.precision,
                           job.data_args.preprocessing_num_workers)
         return metrics
     finally:
-        if job.tracker is not None:
-            job.tracker.close()
+        if job.tracker is not None:  # [tracker]
+            job.tracker.close()  # [tracker]
         job.model = job.module  # drop DDP, which holds the process group, before the group is destroyed
 
 
@@ -413,13 +413,13 @@ def due(strategy: str, interval: float, job: Job, end_of_epoch: bool) -> bool:
 
 
 def log(job: Job, logs: dict[str, float]) -> None:
-    """One JSON line on rank 0 (and a point for --report_to's tracker), kept in job.history."""
+    """One JSON line on rank 0, kept in job.history."""
     if not job.env.is_main_process:
         return
     epoch = {"epoch": round(job.step / job.plan.steps_per_epoch, 3)}
     job.history.append(write_log_line(job.step, epoch | logs))
-    if job.tracker is not None:
-        job.tracker.log(scalars(logs), job.step)
+    if job.tracker is not None:  # and a point for --report_to's tracker  # [tracker]
+        job.tracker.log(scalars(logs), job.step)  # [tracker]
 
 
 def evaluate(job: Job) -> dict[str, float]:

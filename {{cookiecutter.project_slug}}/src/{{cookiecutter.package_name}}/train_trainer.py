@@ -14,7 +14,6 @@ import itertools
 import json
 import logging
 import math
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -72,7 +71,7 @@ from .results import write_results
 from .resume import agree_on_resume_checkpoint
 from .stopping import StopRequest, keep_through_sigterm
 from .torchrun import STOPPED_EXIT_CODE, TorchrunEnv
-from .tracking import configure_tracker
+from .trackers import close_trackers, configure_trackers  # [tracker]
 from .training_args import CHECKPOINT_LAST_FILE, TrainingArguments
 
 RUN_TOTALS = "run_totals.json"  # time and examples trained up to this checkpoint, over every leg of the run
@@ -108,8 +107,7 @@ def prepare_run(args: TrainingArguments) -> None:
     check_really_distributed(args.world_size)
     check_fsdp_applies(args)
     set_seed(args.seed)
-    # Before the Trainer is built: its report_to callbacks read their settings from the environment.
-    configure_tracker(args.report_to, args.output_dir, args.process_index == 0)
+    configure_trackers(args.report_to, args.output_dir, args.process_index == 0)  # before the Trainer is built  # [tracker]
 
 
 def check_really_distributed(world_size_in_use: int) -> None:
@@ -432,17 +430,8 @@ def release(trainer: Trainer) -> None:
     """Drop the Trainer's DDP wrapper, then the process group, so every rank exits cleanly."""
     trainer.accelerator.free_memory()
     trainer.model_wrapped = trainer.model
-    close_trackers()
+    close_trackers()  # [tracker]
     cleanup_distributed()
-
-
-def close_trackers() -> None:
-    """End the wandb and mlflow runs the Trainer's callbacks leave open until exit, where wandb would
-    print its closing lines with colour codes into log files. A package not imported was not used."""
-    if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
-        sys.modules["wandb"].finish()
-    if "mlflow" in sys.modules and sys.modules["mlflow"].active_run() is not None:
-        sys.modules["mlflow"].end_run()
 
 
 if __name__ == "__main__":
