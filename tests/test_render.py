@@ -1,13 +1,14 @@
 """Every supported combination renders a clean project; unsupported ones are refused.
 
 Supported: the full product training_loop x include_slurm x mixed_precision
-(2 x 2 x 4 = 16), with include_kubernetes chosen for two of the four precisions, so
-that the 16 renders also hold every training_loop x include_slurm x include_kubernetes
-file set; each is rendered once per session with the same non-default name, model,
-dataset and columns, so nothing can pass by being the default. Each render gets the
-exact file set, the chosen loop's files, run bits, no template leftovers, ruff,
-``bash -n`` and shellcheck, TOML/YAML parsing, and the recorded answers; one render per
-file set is replayed from them. The Kubernetes files' contents: test_kubernetes.py.
+(2 x 2 x 4 = 16), with include_kubernetes and include_lora each chosen for two of the
+four precisions, so that the 16 renders also hold every training_loop x include_slurm x
+include_kubernetes x include_lora file set; each is rendered once per session with the
+same non-default name, model, dataset and columns, so nothing can pass by being the
+default. Each render gets the exact file set, the chosen loop's files, run bits, no
+template leftovers, ruff, ``bash -n`` and shellcheck, TOML/YAML parsing, and the recorded
+answers; one render per file set is replayed from them. The Kubernetes files' contents:
+test_kubernetes.py.
 
 Unsupported: ``UNSUPPORTED`` below, each refused with its one ERROR line.
 
@@ -64,35 +65,40 @@ class Combination(NamedTuple):
     mixed_precision: str
     include_kubernetes: bool = False
     experiment_tracker: str = "none"
+    include_lora: bool = False
 
     @property
     def id(self) -> str:
         slurm = "slurm" if self.include_slurm else "no-slurm"
         kubernetes = "-k8s" if self.include_kubernetes else ""
         tracker = "" if self.experiment_tracker == "none" else f"-{self.experiment_tracker}"
-        return f"{self.training_loop}-{slurm}-{self.mixed_precision}{kubernetes}{tracker}"
+        lora = "-lora" if self.include_lora else ""
+        return f"{self.training_loop}-{slurm}-{self.mixed_precision}{kubernetes}{tracker}{lora}"
 
     @property
     def answers(self) -> dict[str, object]:
         return {**BASE_ANSWERS, **self._asdict()}
 
 
-# Kubernetes only adds files, independent of the other answers: rather than double the
-# renders, half the precisions take it.
+# Kubernetes only adds files, and LoRA adds files and a few lines at their call sites, each independent
+# of the other answers: rather than quadruple the renders, half the precisions take each, so that the
+# four precisions of a loop and SLURM answer hold all four Kubernetes x LoRA file sets.
 KUBERNETES_PRECISIONS = ("bf16", "no")
+LORA_PRECISIONS = ("fp16", "no")
 SUPPORTED = [
-    Combination(loop, slurm, precision, precision in KUBERNETES_PRECISIONS)
+    Combination(loop, slurm, precision, precision in KUBERNETES_PRECISIONS,
+                include_lora=precision in LORA_PRECISIONS)
     for loop, slurm, precision in itertools.product(
         ["trainer", "native"], [True, False], ["auto", "bf16", "fp16", "no"]
     )
 ]
-# One per file set: precision only edits YAML.
-FILE_SET_RUNS = [combo for combo in SUPPORTED if combo.mixed_precision in ("auto", "bf16")]
+# One per file set: precision only edits YAML, so every supported render is one.
+FILE_SET_RUNS = SUPPORTED
 # One render per loop, each with the SLURM script, whose tests run it under a real SLURM (without it,
-# a render only lacks those files; precision only edits YAML).
+# a render only lacks those files; precision only edits YAML), and with LoRA, which the proofs train.
 SUITE_RUNS = [
-    Combination("trainer", True, "auto"),
-    Combination("native", True, "auto"),
+    Combination("trainer", True, "auto", include_lora=True),
+    Combination("native", True, "auto", include_lora=True),
 ]
 # The tracker only adds a dependency, a config line and a README section: one render for each
 # tracker but none (the default of every render above), the loops and file sets mixed.
@@ -132,7 +138,6 @@ COMMON_FILES = {
     f"src/{PACKAGE}/device.py",
     f"src/{PACKAGE}/distributed.py",
     f"src/{PACKAGE}/doctor.py",
-    f"src/{PACKAGE}/merge_lora.py",
     f"src/{PACKAGE}/metrics.py",
     f"src/{PACKAGE}/modeling.py",
     f"src/{PACKAGE}/predict.py",
@@ -180,6 +185,7 @@ SLURM_SCRIPT = "scripts/train_slurm.sbatch"
 # The script and its log folder (its tests under a real SLURM are the template's: tests/proofs/).
 SLURM_ONLY_FILES = {SLURM_SCRIPT, "logs/.gitkeep"}
 KUBERNETES_ONLY_FILES = {"Dockerfile", ".dockerignore", "k8s/trainjob.yaml"}
+LORA_ONLY_FILES = {f"src/{PACKAGE}/lora.py", f"src/{PACKAGE}/merge_lora.py", "tests/test_lora.py"}
 LAUNCHERS = {"scripts/train_single_node.sh", "scripts/train_multi_node.sh"}
 
 
@@ -191,6 +197,8 @@ def expected_files(combo: Combination) -> set[str]:
         files |= SLURM_ONLY_FILES
     if combo.include_kubernetes:
         files |= KUBERNETES_ONLY_FILES
+    if combo.include_lora:
+        files |= LORA_ONLY_FILES
     return files
 
 
@@ -231,17 +239,18 @@ def test_supported_combinations_cover_every_choice_product_and_file_set(default_
     config = cookiecutter_json()
     assert isinstance(config["include_slurm"], bool)
     assert isinstance(config["include_kubernetes"], bool)
+    assert config["include_lora"] is False
     loops, booleans = config["training_loop"], [True, False]
     assert {combo[:3] for combo in SUPPORTED} == set(
         itertools.product(loops, booleans, config["mixed_precision"])
     )
     file_sets = {
-        (combo.training_loop, combo.include_slurm, combo.include_kubernetes)
+        (combo.training_loop, combo.include_slurm, combo.include_kubernetes, combo.include_lora)
         for combo in SUPPORTED
     }
-    assert file_sets == set(itertools.product(loops, booleans, booleans))
+    assert file_sets == set(itertools.product(loops, booleans, booleans, booleans))
     assert len(SUPPORTED) == len(set(SUPPORTED)) == 16
-    replayed = {(c.training_loop, c.include_slurm, c.include_kubernetes) for c in FILE_SET_RUNS}
+    replayed = {(c.training_loop, c.include_slurm, c.include_kubernetes, c.include_lora) for c in FILE_SET_RUNS}
     assert replayed == file_sets and len(FILE_SET_RUNS) == len(file_sets)
     for combo in SUPPORTED:
         answers = recorded_answers(combo, default_answers)
@@ -274,7 +283,8 @@ def test_per_loop_files_are_the_chosen_loops_template_files(
 ):
     project = rendered(combo)
     answers = recorded_answers(combo, default_answers)
-    env = create_env_with_context({"cookiecutter": answers})
+    # With the template's Jinja settings (its #% line statements), which the recorded answers leave out.
+    env = create_env_with_context({"cookiecutter": {**answers, "_jinja2_env_vars": cookiecutter_json()["_jinja2_env_vars"]}})
     for name in sorted(PER_LOOP_FILES):
         path = PROJECT_TEMPLATE / name.replace(PACKAGE, "{{cookiecutter.package_name}}")
         source = path.with_stem(f"{path.stem}_{combo.training_loop}")
@@ -294,11 +304,11 @@ def test_exactly_the_launch_scripts_are_executable_for_everyone(rendered, combo)
     assert executable == dict.fromkeys(launchers, run_bits)
 
 
-# Unrendered Jinja: an expression or block naming cookiecutter, any block tag, or a
-# cookiecutter.<variable> reference (".cookiecutter.json" and "cookiecutter.json"
-# are file names, not leftovers).
+# Unrendered Jinja: an expression or block naming cookiecutter, any block tag, a line statement
+# (cookiecutter.json's _jinja2_env_vars: a line starting with #%), or a cookiecutter.<variable>
+# reference (".cookiecutter.json" and "cookiecutter.json" are file names, not leftovers).
 LEFTOVER_RE = re.compile(
-    r"\{\{-?\s*cookiecutter|\{%|(?<![\w.])cookiecutter\.(?!json\b)\w"
+    r"\{\{-?\s*cookiecutter|\{%|^\s*#%|(?<![\w.])cookiecutter\.(?!json\b)\w"
 )
 
 

@@ -39,6 +39,7 @@ from warm_launch import run_python, torchrun
 pytestmark = [pytest.mark.slow, needs_fsdp_torch]  # real launches
 
 checkpoint = package_module("checkpoint")
+lora = package_module("lora")  # a render with include_lora
 modeling = package_module("modeling")
 smoke = package_module("smoke")
 
@@ -310,9 +311,9 @@ def test_the_blocks_of_every_family_are_found_from_the_model(family: str, lora_r
     with torch.device("meta"):
         model = transformers.AutoModelForSequenceClassification.from_config(config)
         if lora_r:
-            model = modeling.wrap_with_lora(model, package_module("config").ModelArguments("m", lora_r=lora_r))
+            model = lora.wrap_with_lora(model, lora.LoraArguments("m", lora_r=lora_r))
     blocks = modeling.transformer_blocks(model)
-    classifier = modeling.classifier_of(model)
+    classifier = lora.classifier_of(model)
     assert len(blocks) == 2 and blocks is classifier.get_submodule(BLOCKS[family])
 
 
