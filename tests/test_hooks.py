@@ -84,6 +84,7 @@ GOOD_ANSWERS = {
     "experiment_tracker": ["none", "tensorboard", "wandb", "mlflow"],
     "include_slurm": [True, False],
     "include_kubernetes": [True, False],
+    "include_lora": [True, False],
 }
 
 BAD_ANSWERS = {
@@ -232,6 +233,12 @@ BAD_ANSWERS = {
         ("no", "not a boolean"),
         ("false", "not a boolean"),
         (0, "not a boolean"),
+        (None, "not a boolean"),
+    ],
+    "include_lora": [
+        ("yes", "not a boolean"),
+        ("False", "not a boolean"),
+        (1, "not a boolean"),
         (None, "not a boolean"),
     ],
 }
@@ -402,6 +409,7 @@ BAD_REPLAYS = {
     "experiment-tracker-unknown": ({"experiment_tracker": "comet"}, "experiment_tracker"),
     "include-slurm-string": ({"include_slurm": "no"}, "include_slurm"),
     "include-kubernetes-string": ({"include_kubernetes": "no"}, "include_kubernetes"),
+    "include-lora-string": ({"include_lora": "yes"}, "include_lora"),
     "nnodes-negative": ({"nnodes": "-1"}, "nnodes"),
     "project-name-jinja-newline": ({"project_name": "{{ x }}\n"}, "project_name"),
 }
@@ -517,6 +525,15 @@ def test_include_slurm_no_on_the_command_line_arrives_as_false(render, tmp_path)
     assert recorded["cookiecutter"]["include_slurm"] is False
 
 
+def test_include_lora_yes_on_the_command_line_arrives_as_true_and_keeps_loras_files(render, tmp_path):
+    project = render(tmp_path, {"include_lora": "yes"})
+    package = project / "src" / "text_classifier"
+    assert (package / "lora.py").is_file() and (package / "merge_lora.py").is_file()
+    assert (project / "tests" / "test_lora.py").is_file()
+    recorded = json.loads((project / ".cookiecutter.json").read_text(encoding="utf-8"))
+    assert recorded["cookiecutter"]["include_lora"] is True
+
+
 @pytest.mark.parametrize(
     ("template", "expected"),
     [
@@ -553,6 +570,7 @@ def test_replay_context_drops_cookiecutter_keys():
         "_checkout": "main",
         "_template": "/home/me/tpl",
         "_extensions": ["cookiecutter.extensions.SlugifyExtension"],
+        "_jinja2_env_vars": {"line_statement_prefix": "#%"},
     }
     assert post_gen.replay_context(answers) == {"cookiecutter": {"project_name": "X"}}
     remote = {**answers, "_template": "gh:org/t"}

@@ -52,9 +52,10 @@ class LoraArguments(ModelArguments):
             raise ConfigError("--lora_target_modules is empty: pass all-linear or layer names such as q_proj,v_proj")
 
 
-def apply_adapters(model: PreTrainedModel, model_args: LoraArguments) -> torch.nn.Module:
-    """The model in LoRA adapters where --lora_r > 0, else the model as it is."""
-    if model_args.lora_r == 0:
+def apply_adapters(model: PreTrainedModel, model_args: ModelArguments) -> torch.nn.Module:
+    """The model in LoRA adapters where --lora_r > 0, else the model as it is (also for ModelArguments
+    without LoRA's flags, as the tests build them)."""
+    if not isinstance(model_args, LoraArguments) or model_args.lora_r == 0:
         return model
     logger.info("LoRA r=%d on %s: the body frozen, the head trained in full", model_args.lora_r,
                 model_args.lora_target_modules)
@@ -90,10 +91,12 @@ def lora_targets(model: PreTrainedModel, target_modules: str) -> list[str]:
     return sorted(full for full, own in linear.items() if own in wanted)
 
 
-def architecture_checks(model_args: LoraArguments) -> list[Callable[[PreTrainedModel], object]]:
+def architecture_checks(model_args: ModelArguments) -> list[Callable[[PreTrainedModel], object]]:
     """What the preflight checks against the model's architecture (modeling.check_model_settings): that
     --lora_target_modules names linear layers it has."""
-    return [partial(lora_targets, target_modules=model_args.lora_target_modules)] if model_args.lora_r > 0 else []
+    if not isinstance(model_args, LoraArguments) or model_args.lora_r == 0:
+        return []
+    return [partial(lora_targets, target_modules=model_args.lora_target_modules)]
 
 
 def wrap_with_lora(model: PreTrainedModel, model_args: LoraArguments) -> torch.nn.Module:

@@ -170,8 +170,8 @@ def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
         #% if cookiecutter.include_lora
         model = lora.classifier_of(model)  # its own class's name, not peft's wrapper's
         #% endif
-        raise ConfigError(f"--fsdp: found no list of repeated transformer blocks in {type(model).__name__} to "
-                          "shard one by one; train it without --fsdp")
+        raise ConfigError(f"--fsdp: found no list of repeated transformer blocks in {type(model).__name__} "
+                          "to shard one by one; train it without --fsdp")
     return max(lists, key=lambda blocks: sum(p.numel() for p in blocks.parameters()))
 
 

@@ -277,7 +277,8 @@ def save_final_model(job: Job) -> None:
         job.module.save_pretrained(job.args.output_dir, state_dict=weights)  # None: the model's own
         job.tokenizer.save_pretrained(job.args.output_dir)
     #% if cookiecutter.include_lora
-    lora.save_base(job.module, job.args.output_dir, job.env.is_main_process, sharded)  # every rank: FSDP gathers
+    # Beside the adapter, the frozen base: every rank calls it, as under FSDP the base is gathered.
+    lora.save_base(job.module, job.args.output_dir, job.env.is_main_process, sharded)
     #% endif
 
 
