@@ -73,11 +73,12 @@ class Checkpointer:
         with without_dcp_notices():
             dcp.save(self.sharded_state(), checkpoint_id=temporary / SHARDED_STATE)
         if rng_states is not None:
+            config = self.model.config  # config.json
             #% if cookiecutter.include_lora
-            lora.save_checkpoint_config(self.model, temporary)  # with LoRA, adapter_config.json instead
-            #% else
-            self.model.config.save_pretrained(temporary)
+            if lora.is_lora(self.model):  # adapter_config.json (its rank); no config.json: no model's weights
+                config = self.model.peft_config["default"]
             #% endif
+            config.save_pretrained(temporary)
             self.tokenizer.save_pretrained(temporary)
             # Also on its own: a resume reads it before it builds the loader (config.read_batch_plan).
             (temporary / BATCH_PLAN).write_text(json.dumps(self.batch_plan) + "\n")

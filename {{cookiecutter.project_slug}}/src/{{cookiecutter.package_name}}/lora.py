@@ -149,22 +149,6 @@ def check_same_rank(checkpoint: Path, lora_r: int) -> None:
                           f"--lora_r {lora_r}: pass --lora_r {saved_r} to resume it, or use a new --output_dir")
 
 
-def save_checkpoint_config(model: torch.nn.Module, folder: Path) -> None:
-    """A checkpoint's config.json; with LoRA, adapter_config.json (its LoRA rank) instead: a folder with
-    config.json would look like one that holds the model's weights."""
-    if is_lora(model):
-        model.peft_config["default"].save_pretrained(folder)
-    else:
-        model.config.save_pretrained(folder)
-
-
-def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A LoRA model's trainable tensors (the adapters and the head's copy): all that peft's save_pretrained
-    keeps. Gathered alone under FSDP, so that the base's weights (save_base) are not gathered twice."""
-    trainable = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
-    return {name: tensor for name, tensor in model.state_dict().items() if name in trainable}
-
-
 def save_base(model: torch.nn.Module, folder: str | Path, is_main_process: bool, sharded: bool) -> None:
     """Beside a LoRA model's adapter, write its frozen body and untrained head, with the config, so that
     AutoModelForSequenceClassification, pipeline and predict.py load the folder whole. No-op without LoRA.

@@ -63,8 +63,10 @@ def assert_shards_reduced(model: torch.nn.Module) -> None:
 def gather_final_weights(model: torch.nn.Module) -> dict:
     """What the final save_pretrained writes, whole on rank 0 ({} elsewhere): the model's state_dict. Every
     rank calls it."""
+    state = model.state_dict()
     #% if cookiecutter.include_lora
-    if lora.is_lora(model):  # the adapters and the head; lora.save_base gathers the base
-        return gathered_on_rank0(lora.trainable_state(model))
+    if lora.is_lora(model):  # its trainable tensors, all that peft saves; lora.save_base gathers the base
+        trainable = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+        state = {name: tensor for name, tensor in state.items() if name in trainable}
     #% endif
-    return gathered_on_rank0(model.state_dict())
+    return gathered_on_rank0(state)
