@@ -12,7 +12,7 @@ Steps, in order:
    it leaves empty. A file this step expects but cannot find is a template bug: refused.
 2. Make ``scripts/*.sh`` and ``scripts/*.sbatch`` executable.
 3. Refuse the project if any text file still holds unrendered template text: a
-   double-brace expression or a block tag that names ``cookiecutter``. Answers may
+   double-brace expression, a block tag or a line statement that names ``cookiecutter``. Answers may
    legitimately contain such text, so their rendered forms are masked first.
 4. Write ``.cookiecutter.json``, ``{"cookiecutter": <answers>}``, which
    ``cookiecutter --replay-file .cookiecutter.json <template>`` accepts and which
@@ -42,8 +42,11 @@ ANSWERS_JSON = r'''{{ cookiecutter | tojson }}'''  # fmt: skip
 REPLAY_FILE = ".cookiecutter.json"
 TRAINING_LOOPS = ("trainer", "native")
 EXECUTABLE_PATTERNS = ("scripts/*.sh", "scripts/*.sbatch")
-# Written so that this file holds no Jinja delimiters besides ANSWERS_JSON.
-UNRENDERED_RE = re.compile(r"\{\{-?\s*cookiecutter\b|\{[%]-?[^%]*?\bcookiecutter\.")
+# Written so that this file holds no Jinja delimiters besides ANSWERS_JSON. The last: a line statement
+# (cookiecutter.json's _jinja2_env_vars) left behind as a comment line.
+UNRENDERED_RE = re.compile(
+    r"\{\{-?\s*cookiecutter\b|\{[%]-?[^%]*?\bcookiecutter\.|^[ \t]*#%.*\bcookiecutter\.", re.MULTILINE
+)
 # Cookiecutter's abbreviations for hosted templates (gh:org/repo, ...).
 ABBREVIATION_RE = re.compile(r"(gh|gl|bb):[\w./-]+")
 # scp-like git address: git@github.com:org/repo.git

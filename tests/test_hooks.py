@@ -585,6 +585,8 @@ def test_unrendered_scan_finds_template_text_but_not_answers(tmp_path):
         "flagged_expression.md": "# {{ cookiecutter.project_name }}\n",
         "flagged_tight.py": "x = '{{cookiecutter.package_name}}'\n",
         "flagged_block.sh": "{% if cookiecutter.include_slurm %}\n",
+        "flagged_line_statement.py": "x = 1\n    #% if cookiecutter.include_lora\n",
+        "ok_percent_comment.py": "x = 1  #% of the rows, cookiecutter.json\n",
         "ok_actions.yml": "python: ${{ matrix.python }}\n",
         "ok_answer.md": f"# {name}\n",
         "ok_answer_tojson.toml": "description = "
@@ -595,7 +597,7 @@ def test_unrendered_scan_finds_template_text_but_not_answers(tmp_path):
         (tmp_path / file_name).write_text(text, encoding="utf-8")
     (tmp_path / "binary.bin").write_bytes(b"\xff\xfe{{ cookiecutter.x }}")
     found = post_gen.find_unrendered(tmp_path, {"project_name": name})
-    assert found == ["flagged_block.sh", "flagged_expression.md", "flagged_tight.py"]
+    assert found == ["flagged_block.sh", "flagged_expression.md", "flagged_line_statement.py", "flagged_tight.py"]
 
 
 def copy_template(destination: Path) -> Path:
