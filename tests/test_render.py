@@ -336,7 +336,8 @@ def test_no_unrendered_template_text(rendered, combo):
     ),
 )
 def test_template_python_file_parses_before_rendering(name):
-    # Jinja only in file names: ruff, an IDE and a reviewer read the template as code.
+    # Jinja only in file names and in #% line statements, which Python reads as comments: ruff, an IDE and a
+    # reviewer read the template as code.
     source = (PROJECT_TEMPLATE / name).read_text(encoding="utf-8")
     ast.parse(source, filename=name)
 
