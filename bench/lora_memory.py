@@ -91,7 +91,7 @@ def main() -> None:
     runs: dict[str, dict[str, list[dict]]] = {loop: {title: [] for title in ROWS} for loop in ("native", "trainer")}
     with tempfile.TemporaryDirectory(prefix="bench_lora_") as scratch:
         scratch = Path(scratch)
-        projects = {loop: render(scratch / loop, training_loop=loop) for loop in runs}
+        projects = {loop: render(scratch / loop, training_loop=loop, include_lora=True) for loop in runs}
         data = scratch / "data"
         smoke = smoke_module(projects["native"])
         write_jsonl(data / "train.jsonl", imdb_like_rows(smoke, args.train_size, 0, 1000))

@@ -162,7 +162,8 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_families_") as scratch:
         scratch = Path(scratch)
-        projects = {loop: render(scratch / loop, training_loop=loop) for loop in ("native", "trainer")}
+        projects = {loop: render(scratch / loop, training_loop=loop, include_lora=True)  # for the LoRA rows
+                    for loop in ("native", "trainer")}
         smoke = smoke_module(projects["native"])
         assets = smoke.make_smoke_assets(scratch / "assets", train_size=256, eval_size=101)
         for family in families:

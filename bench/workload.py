@@ -17,7 +17,7 @@ PACKAGE = "text_classifier"  # the default project name's package
 MAX_TOKENS = 512
 
 
-def render(output_dir: Path, **answers: str) -> Path:
+def render(output_dir: Path, **answers: str | bool) -> Path:
     """Render the template with its defaults and these answers; returns the project folder."""
     from cookiecutter.main import cookiecutter  # here: a run on projects rendered earlier needs no cookiecutter
 

@@ -8,15 +8,15 @@ Steps, in order:
 1. Keep the chosen files (``PER_LOOP_FILES``, ``KEPT_ONLY_WHEN``): the chosen loop's
    ``<name>_<loop>.py`` becomes ``<name>.py`` and the other loop's is deleted, and a
    file kept only for an answer (native-only modules, the sbatch script and its logs/
-   folder, the container and Kubernetes files, the tracker's modules and test) is
-   deleted for any other, with a folder it leaves empty. A file this step expects but
-   cannot find is a template bug: refused. Then keep the chosen lines
+   folder, the container and Kubernetes files, the tracker's modules and test, LoRA's modules
+   and test) is deleted for any other, with a folder it leaves empty. A file this step
+   expects but cannot find is a template bug: refused. Then keep the chosen lines
    (``LINES_KEPT_ONLY_WHEN``): a Python line that ends with a marker, such as
    ``# [tracker]``, loses the marker where its answer fits and is deleted elsewhere, so
    that a feature not chosen leaves no line in the code that would call it.
 2. Make ``scripts/*.sh`` and ``scripts/*.sbatch`` executable.
 3. Refuse the project if any text file still holds unrendered template text: a
-   double-brace expression or a block tag that names ``cookiecutter``. Answers may
+   double-brace expression, a block tag or a line statement that names ``cookiecutter``. Answers may
    legitimately contain such text, so their rendered forms are masked first.
 4. Write ``.cookiecutter.json``, ``{"cookiecutter": <answers>}``, which
    ``cookiecutter --replay-file .cookiecutter.json <template>`` accepts and which
@@ -46,8 +46,11 @@ ANSWERS_JSON = r'''{{ cookiecutter | tojson }}'''  # fmt: skip
 REPLAY_FILE = ".cookiecutter.json"
 TRAINING_LOOPS = ("trainer", "native")
 EXECUTABLE_PATTERNS = ("scripts/*.sh", "scripts/*.sbatch")
-# Written so that this file holds no Jinja delimiters besides ANSWERS_JSON.
-UNRENDERED_RE = re.compile(r"\{\{-?\s*cookiecutter\b|\{[%]-?[^%]*?\bcookiecutter\.")
+# Written so that this file holds no Jinja delimiters besides ANSWERS_JSON. The last: a line statement
+# (cookiecutter.json's _jinja2_env_vars) left behind as a comment line.
+UNRENDERED_RE = re.compile(
+    r"\{\{-?\s*cookiecutter\b|\{[%]-?[^%]*?\bcookiecutter\.|^[ \t]*#%.*\bcookiecutter\.", re.MULTILINE
+)
 # Cookiecutter's abbreviations for hosted templates (gh:org/repo, ...).
 ABBREVIATION_RE = re.compile(r"(gh|gl|bb):[\w./-]+")
 # scp-like git address: git@github.com:org/repo.git
@@ -97,6 +100,11 @@ KEPT_ONLY_WHEN = {
     ),
     ("include_kubernetes", True): ("Dockerfile", ".dockerignore", "k8s/trainjob.yaml"),
     TRACKER_CHOSEN: ("src/{package}/tracking.py", "src/{package}/trackers.py", "tests/test_tracking.py"),
+    ("include_lora", True): (
+        "src/{package}/lora.py",
+        "src/{package}/merge_lora.py",
+        "tests/test_lora.py",
+    ),
 }
 # Python lines kept only when an answer meets a condition, marked in the template by a comment that ends them.
 LINES_KEPT_ONLY_WHEN = {"# [tracker]": TRACKER_CHOSEN}

@@ -84,6 +84,7 @@ GOOD_ANSWERS = {
     "experiment_tracker": ["none", "tensorboard", "wandb", "mlflow"],
     "include_slurm": [True, False],
     "include_kubernetes": [True, False],
+    "include_lora": [True, False],
 }
 
 BAD_ANSWERS = {
@@ -232,6 +233,12 @@ BAD_ANSWERS = {
         ("no", "not a boolean"),
         ("false", "not a boolean"),
         (0, "not a boolean"),
+        (None, "not a boolean"),
+    ],
+    "include_lora": [
+        ("yes", "not a boolean"),
+        ("False", "not a boolean"),
+        (1, "not a boolean"),
         (None, "not a boolean"),
     ],
 }
@@ -402,6 +409,7 @@ BAD_REPLAYS = {
     "experiment-tracker-unknown": ({"experiment_tracker": "comet"}, "experiment_tracker"),
     "include-slurm-string": ({"include_slurm": "no"}, "include_slurm"),
     "include-kubernetes-string": ({"include_kubernetes": "no"}, "include_kubernetes"),
+    "include-lora-string": ({"include_lora": "yes"}, "include_lora"),
     "nnodes-negative": ({"nnodes": "-1"}, "nnodes"),
     "project-name-jinja-newline": ({"project_name": "{{ x }}\n"}, "project_name"),
 }
@@ -517,6 +525,15 @@ def test_include_slurm_no_on_the_command_line_arrives_as_false(render, tmp_path)
     assert recorded["cookiecutter"]["include_slurm"] is False
 
 
+def test_include_lora_yes_on_the_command_line_arrives_as_true_and_keeps_loras_files(render, tmp_path):
+    project = render(tmp_path, {"include_lora": "yes"})
+    package = project / "src" / "text_classifier"
+    assert (package / "lora.py").is_file() and (package / "merge_lora.py").is_file()
+    assert (project / "tests" / "test_lora.py").is_file()
+    recorded = json.loads((project / ".cookiecutter.json").read_text(encoding="utf-8"))
+    assert recorded["cookiecutter"]["include_lora"] is True
+
+
 @pytest.mark.parametrize(
     ("template", "expected"),
     [
@@ -553,6 +570,7 @@ def test_replay_context_drops_cookiecutter_keys():
         "_checkout": "main",
         "_template": "/home/me/tpl",
         "_extensions": ["cookiecutter.extensions.SlugifyExtension"],
+        "_jinja2_env_vars": {"line_statement_prefix": "#%"},
     }
     assert post_gen.replay_context(answers) == {"cookiecutter": {"project_name": "X"}}
     remote = {**answers, "_template": "gh:org/t"}
@@ -567,6 +585,8 @@ def test_unrendered_scan_finds_template_text_but_not_answers(tmp_path):
         "flagged_expression.md": "# {{ cookiecutter.project_name }}\n",
         "flagged_tight.py": "x = '{{cookiecutter.package_name}}'\n",
         "flagged_block.sh": "{% if cookiecutter.include_slurm %}\n",
+        "flagged_line_statement.py": "x = 1\n    #% if cookiecutter.include_lora\n",
+        "ok_percent_comment.py": "x = 1  #% of the rows, cookiecutter.json\n",
         "ok_actions.yml": "python: ${{ matrix.python }}\n",
         "ok_answer.md": f"# {name}\n",
         "ok_answer_tojson.toml": "description = "
@@ -577,7 +597,7 @@ def test_unrendered_scan_finds_template_text_but_not_answers(tmp_path):
         (tmp_path / file_name).write_text(text, encoding="utf-8")
     (tmp_path / "binary.bin").write_bytes(b"\xff\xfe{{ cookiecutter.x }}")
     found = post_gen.find_unrendered(tmp_path, {"project_name": name})
-    assert found == ["flagged_block.sh", "flagged_expression.md", "flagged_tight.py"]
+    assert found == ["flagged_block.sh", "flagged_expression.md", "flagged_line_statement.py", "flagged_tight.py"]
 
 
 def copy_template(destination: Path) -> Path:
@@ -630,7 +650,9 @@ def test_hook_files_are_importable_without_rendering():
 
 # --- Keeping the chosen files and lines, called directly ---------------------------------
 
-MOVE_ANSWERS = {"package_name": "pkg", "training_loop": "native", "include_slurm": True,
+# Every yes/no answer at its default, then these.
+MOVE_ANSWERS = {**{name: value for name, value in cookiecutter_json().items() if isinstance(value, bool)},
+                "package_name": "pkg", "training_loop": "native", "include_slurm": True,
                 "include_kubernetes": True, "experiment_tracker": "none"}
 
 

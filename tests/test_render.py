@@ -1,13 +1,14 @@
 """Every supported combination renders a clean project; unsupported ones are refused.
 
 Supported: the full product training_loop x include_slurm x mixed_precision
-(2 x 2 x 4 = 16), with include_kubernetes chosen for two of the four precisions, so
-that the 16 renders also hold every training_loop x include_slurm x include_kubernetes
-file set; each is rendered once per session with the same non-default name, model,
-dataset and columns, so nothing can pass by being the default. Each render gets the
-exact file set, the chosen loop's files, run bits, no template leftovers, ruff,
-``bash -n`` and shellcheck, TOML/YAML parsing, and the recorded answers; one render per
-file set is replayed from them. The Kubernetes files' contents: test_kubernetes.py.
+(2 x 2 x 4 = 16), with include_kubernetes and include_lora each chosen for two of the
+four precisions, so that the 16 renders also hold every training_loop x include_slurm x
+include_kubernetes x include_lora file set; each is rendered once per session with the
+same non-default name, model, dataset and columns, so nothing can pass by being the
+default. Each render gets the exact file set, the chosen loop's files, run bits, no
+template leftovers, ruff, ``bash -n`` and shellcheck, TOML/YAML parsing, and the recorded
+answers; one render per file set is replayed from them. The Kubernetes files' contents:
+test_kubernetes.py.
 
 Unsupported: ``UNSUPPORTED`` below, each refused with its one ERROR line.
 
@@ -65,35 +66,40 @@ class Combination(NamedTuple):
     mixed_precision: str
     include_kubernetes: bool = False
     experiment_tracker: str = "none"
+    include_lora: bool = False
 
     @property
     def id(self) -> str:
         slurm = "slurm" if self.include_slurm else "no-slurm"
         kubernetes = "-k8s" if self.include_kubernetes else ""
         tracker = "" if self.experiment_tracker == "none" else f"-{self.experiment_tracker}"
-        return f"{self.training_loop}-{slurm}-{self.mixed_precision}{kubernetes}{tracker}"
+        lora = "-lora" if self.include_lora else ""
+        return f"{self.training_loop}-{slurm}-{self.mixed_precision}{kubernetes}{tracker}{lora}"
 
     @property
     def answers(self) -> dict[str, object]:
         return {**BASE_ANSWERS, **self._asdict()}
 
 
-# Kubernetes only adds files, independent of the other answers: rather than double the
-# renders, half the precisions take it.
+# Kubernetes only adds files, and LoRA adds files and a few lines at their call sites, each independent
+# of the other answers: rather than quadruple the renders, half the precisions take each, so that the
+# four precisions of a loop and SLURM answer hold all four Kubernetes x LoRA file sets.
 KUBERNETES_PRECISIONS = ("bf16", "no")
+LORA_PRECISIONS = ("fp16", "no")
 SUPPORTED = [
-    Combination(loop, slurm, precision, precision in KUBERNETES_PRECISIONS)
+    Combination(loop, slurm, precision, precision in KUBERNETES_PRECISIONS,
+                include_lora=precision in LORA_PRECISIONS)
     for loop, slurm, precision in itertools.product(
         ["trainer", "native"], [True, False], ["auto", "bf16", "fp16", "no"]
     )
 ]
-# One per file set: precision only edits YAML.
-FILE_SET_RUNS = [combo for combo in SUPPORTED if combo.mixed_precision in ("auto", "bf16")]
+# One per file set: precision only edits YAML, so every supported render is one.
+FILE_SET_RUNS = SUPPORTED
 # One render per loop, each with the SLURM script, whose tests run it under a real SLURM (without it,
-# a render only lacks those files; precision only edits YAML).
+# a render only lacks those files; precision only edits YAML), and with LoRA, which the proofs train.
 SUITE_RUNS = [
-    Combination("trainer", True, "auto"),
-    Combination("native", True, "auto"),
+    Combination("trainer", True, "auto", include_lora=True),
+    Combination("native", True, "auto", include_lora=True),
 ]
 # Each tracker but none (the default of every render above) in each loop, the other answers spread over them
 # so that, with SUITE_RUNS, every value of every choice is rendered in both loops. Each runs its own
@@ -138,7 +144,6 @@ COMMON_FILES = {
     f"src/{PACKAGE}/device.py",
     f"src/{PACKAGE}/distributed.py",
     f"src/{PACKAGE}/doctor.py",
-    f"src/{PACKAGE}/merge_lora.py",
     f"src/{PACKAGE}/metrics.py",
     f"src/{PACKAGE}/modeling.py",
     f"src/{PACKAGE}/predict.py",
@@ -186,6 +191,7 @@ SLURM_SCRIPT = "scripts/train_slurm.sbatch"
 # The script and its log folder (its tests under a real SLURM are the template's: tests/proofs/).
 SLURM_ONLY_FILES = {SLURM_SCRIPT, "logs/.gitkeep"}
 KUBERNETES_ONLY_FILES = {"Dockerfile", ".dockerignore", "k8s/trainjob.yaml"}
+LORA_ONLY_FILES = {f"src/{PACKAGE}/lora.py", f"src/{PACKAGE}/merge_lora.py", "tests/test_lora.py"}
 LAUNCHERS = {"scripts/train_single_node.sh", "scripts/train_multi_node.sh"}
 
 
@@ -199,6 +205,8 @@ def expected_files(combo: Combination) -> set[str]:
         files |= KUBERNETES_ONLY_FILES
     if combo.experiment_tracker != "none":
         files |= TRACKER_ONLY_FILES
+    if combo.include_lora:
+        files |= LORA_ONLY_FILES
     return files
 
 
@@ -239,17 +247,18 @@ def test_supported_combinations_cover_every_choice_product_and_file_set(default_
     config = cookiecutter_json()
     assert isinstance(config["include_slurm"], bool)
     assert isinstance(config["include_kubernetes"], bool)
+    assert config["include_lora"] is False
     loops, booleans = config["training_loop"], [True, False]
     assert {combo[:3] for combo in SUPPORTED} == set(
         itertools.product(loops, booleans, config["mixed_precision"])
     )
     file_sets = {
-        (combo.training_loop, combo.include_slurm, combo.include_kubernetes)
+        (combo.training_loop, combo.include_slurm, combo.include_kubernetes, combo.include_lora)
         for combo in SUPPORTED
     }
-    assert file_sets == set(itertools.product(loops, booleans, booleans))
+    assert file_sets == set(itertools.product(loops, booleans, booleans, booleans))
     assert len(SUPPORTED) == len(set(SUPPORTED)) == 16
-    replayed = {(c.training_loop, c.include_slurm, c.include_kubernetes) for c in FILE_SET_RUNS}
+    replayed = {(c.training_loop, c.include_slurm, c.include_kubernetes, c.include_lora) for c in FILE_SET_RUNS}
     assert replayed == file_sets and len(FILE_SET_RUNS) == len(file_sets)
     for combo in SUPPORTED:
         answers = recorded_answers(combo, default_answers)
@@ -300,7 +309,9 @@ def test_per_loop_files_are_the_chosen_loops_template_files(
     # Less the lines of an answer not chosen (LINES_KEPT_ONLY_WHEN): test_hooks.py tests that step.
     project = rendered(combo)
     answers = recorded_answers(combo, default_answers)
-    env = create_env_with_context({"cookiecutter": answers})
+    # With the template's Jinja settings (its #% line statements), which the recorded answers leave out.
+    jinja_settings = cookiecutter_json()["_jinja2_env_vars"]
+    env = create_env_with_context({"cookiecutter": {**answers, "_jinja2_env_vars": jinja_settings}})
     names = PER_LOOP_FILES | (PER_LOOP_TRACKER_FILES if combo.experiment_tracker != "none" else set())
     for name in sorted(names):
         path = PROJECT_TEMPLATE / name.replace(PACKAGE, "{{cookiecutter.package_name}}")
@@ -321,11 +332,11 @@ def test_exactly_the_launch_scripts_are_executable_for_everyone(rendered, combo)
     assert executable == dict.fromkeys(launchers, run_bits)
 
 
-# Unrendered Jinja: an expression or block naming cookiecutter, any block tag, or a
-# cookiecutter.<variable> reference (".cookiecutter.json" and "cookiecutter.json"
-# are file names, not leftovers).
+# Unrendered Jinja: an expression or block naming cookiecutter, any block tag, a line statement
+# (cookiecutter.json's _jinja2_env_vars: a line starting with #%), or a cookiecutter.<variable>
+# reference (".cookiecutter.json" and "cookiecutter.json" are file names, not leftovers).
 LEFTOVER_RE = re.compile(
-    r"\{\{-?\s*cookiecutter|\{%|(?<![\w.])cookiecutter\.(?!json\b)\w"
+    r"\{\{-?\s*cookiecutter|\{%|^\s*#%|(?<![\w.])cookiecutter\.(?!json\b)\w"
 )
 
 
@@ -352,7 +363,8 @@ def test_no_unrendered_template_text(rendered, combo):
     ),
 )
 def test_template_python_file_parses_before_rendering(name):
-    # Jinja only in file names: ruff, an IDE and a reviewer read the template as code.
+    # Jinja only in file names and in #% line statements, which Python reads as comments: ruff, an IDE and a
+    # reviewer read the template as code.
     source = (PROJECT_TEMPLATE / name).read_text(encoding="utf-8")
     ast.parse(source, filename=name)
 
@@ -500,6 +512,7 @@ README_TEXT_ONLY_FOR = {
         "the `GradScaler` skipped",
         "any other is refused by the parser",
     ],
+    ("include_lora", True): ["LoRA", "--lora_r", "peft", "merge_lora", "adapter"],
     ("experiment_tracker", "tensorboard"): ["tensorboard --logdir", "TENSORBOARD_LOGGING_DIR"],
     ("experiment_tracker", "wandb"): ["wandb sync", "WANDB_MODE", "offline-run-"],
     ("experiment_tracker", "mlflow"): ["mlflow ui", "MLFLOW_TRACKING_URI", "mlflow.db"],
@@ -549,6 +562,45 @@ def test_without_a_tracker_no_line_of_code_tests_or_dependencies_names_one(rende
             if words:
                 found.append(f"{name}:{number}: {line.strip()}")
     assert found == []
+
+
+@pytest.mark.parametrize("combo", combination_params([combo for combo in SUPPORTED if not combo.include_lora]))
+def test_a_render_without_lora_names_neither_lora_nor_peft(rendered, combo):
+    # No flag, dependency, module, test or README line of it; only the recorded answer says it was declined.
+    project = rendered(combo)
+    found = [
+        f"{name}:{number}: {line.strip()}"
+        for name in sorted(relative_files(project) - {".cookiecutter.json"})
+        for number, line in enumerate((project / name).read_text(encoding="utf-8").splitlines(), start=1)
+        if re.search("lora|peft", line, flags=re.IGNORECASE)
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("combo", "message"),
+    [
+        pytest.param(
+            Combination("native", False, "auto"),
+            "error: unrecognized arguments: --lora_r -1 (see --help for the flags it takes)\n",
+            id="without-lora-refused-as-unknown",
+        ),
+        pytest.param(
+            Combination("trainer", True, "no", include_kubernetes=True, include_lora=True),
+            "error: --lora_r -1: must be >= 0 (0 trains every weight, without LoRA)\n",
+            id="with-lora-checked",
+        ),
+    ],
+)
+def test_lora_r_is_an_unknown_flag_without_lora_and_a_checked_one_with_it(rendered, combo, message):
+    project = rendered(combo)
+    env = {**os.environ, "PYTHONPATH": str(project / "src"), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", f"{PACKAGE}.preflight", "--model_name_or_path", "some/model",
+         "--train_file", "train.csv", "--lora_r", "-1"],
+        cwd=project, env=env, capture_output=True, text=True, check=False, timeout=300,
+    )
+    assert (result.returncode, result.stderr) == (2, message)
 
 
 @pytest.mark.parametrize("combo", combination_params(SUPPORTED + TRACKER_RUNS))
@@ -852,10 +904,12 @@ def test_every_function_and_class_the_package_defines_is_used_by_the_project(ren
 
 # What a render hands its user, in lines: its tests and test helpers, and its shell scripts (the
 # proofs stay in the template: tests/proofs/). src/ and its lines over 110 characters are held at the
-# counts they have come down to (README.md, "What you get"): lower them as the code shrinks.
-TESTS_CAP, SHELL_CAP = 3000, 450
-SRC_CAP = {"native": 3721, "trainer": 3272}
-LONG_LINES_CAP = {"native": 63, "trainer": 80}
+# counts they have come down to (README.md, "What you get"), by loop and with or without LoRA (lora.py,
+# merge_lora.py, tests/test_lora.py and their call sites): lower them as the code shrinks.
+SHELL_CAP = 450
+TESTS_CAP = {False: 3000, True: 3037}
+SRC_CAP = {("native", False): 3648, ("trainer", False): 3116, ("native", True): 3916, ("trainer", True): 3390}
+LONG_LINES_CAP = {("native", False): 55, ("trainer", False): 72, ("native", True): 63, ("trainer", True): 81}
 
 
 def line_counts(paths: list[Path]) -> tuple[int, int]:
@@ -870,8 +924,8 @@ def test_render_stays_lean(rendered, combo):
     src, long_lines = line_counts(sorted((project / "src").rglob("*.py")))
     tests, _ = line_counts(sorted((project / "tests").rglob("*.py")))
     shell, _ = line_counts(sorted((project / "scripts").glob("*.sh")) + sorted((project / "scripts").glob("*.sbatch")))
-    loop = combo.training_loop
-    assert src <= SRC_CAP[loop] and long_lines <= LONG_LINES_CAP[loop], (
-        f"src/: {src} lines (cap {SRC_CAP[loop]}), {long_lines} over 110 characters (cap {LONG_LINES_CAP[loop]})")
-    assert tests <= TESTS_CAP, f"tests/: {tests} lines, cap {TESTS_CAP}"
+    render = (combo.training_loop, combo.include_lora)
+    assert src <= SRC_CAP[render] and long_lines <= LONG_LINES_CAP[render], (
+        f"src/: {src} lines (cap {SRC_CAP[render]}), {long_lines} over 110 characters (cap {LONG_LINES_CAP[render]})")
+    assert tests <= TESTS_CAP[combo.include_lora], f"tests/: {tests} lines, cap {TESTS_CAP[combo.include_lora]}"
     assert shell <= SHELL_CAP, f"scripts/: {shell} lines of shell, cap {SHELL_CAP}"

@@ -44,15 +44,23 @@ def test_constraints_txt_holds_the_versions_the_tests_run_on():
         "ranges allow, or reinstall .venv (rm -rf .venv && make test-fast) to test the shipped ones")
 
 
-@pytest.mark.parametrize("tracker", ["none", *TRACKERS])
-def test_a_render_pins_its_trackers_packages_and_no_other_trackers(render, tmp_path, tracker):
-    project = render(tmp_path, {"experiment_tracker": tracker})
+ANSWER_SETS = {
+    "default": {},
+    **{tracker: {"experiment_tracker": tracker, "training_loop": "native"} for tracker in TRACKERS},
+    **{f"every-feature-{loop}": {**{name: True for name, value in cookiecutter_json().items()
+                                    if isinstance(value, bool)}, "training_loop": loop}
+       for loop in cookiecutter_json()["training_loop"]},
+}
+
+
+@pytest.mark.parametrize("answers", ANSWER_SETS.values(), ids=ANSWER_SETS.keys())
+def test_a_render_pins_exactly_what_its_own_dependencies_pull_in(render, tmp_path, answers):
+    project = render(tmp_path, answers)
     pinned = pins((project / "constraints.txt").read_text(encoding="utf-8"))
-    common, tracker_only = tested_versions.shipped_versions()
-    assert pinned == common | tracker_only.get(tracker, {})
+    assert pinned == tested_versions.installed_closure(tested_versions.declared_requirements(answers))
     assert {"torch", "transformers", "datasets", "tokenizers"} <= set(pinned)
-    for other in TRACKERS:
-        assert (other.replace("mlflow", "mlflow-skinny") in pinned) == (other == tracker)
+    for tracker in TRACKERS:
+        assert (tracker.replace("mlflow", "mlflow-skinny") in pinned) == (answers.get("experiment_tracker") == tracker)
 
 
 def installed_versions(python: Path) -> dict[str, str]:

@@ -3,8 +3,8 @@
 A render's `make install` installs with its constraints.txt: the exact version of every package its
 dependencies pull in, as the template's tests ran them. This module works that list out from the installed
 packages' metadata, for the dependencies a render declares (its pyproject.toml, the dev extra included),
-and writes the template's file: packages that only one tracker needs sit in a Jinja block of their own, so a
-render pins only what its answers can install.
+and writes the template's file: packages that only some answers need (a loop, a yes/no feature, a tracker)
+sit in a Jinja block of that condition, so a render pins only what its answers install.
 
     python tests/tested_versions.py          # print what the file should hold
     python tests/tested_versions.py --write  # write it (`make lock` does, after a fresh install)
@@ -40,23 +40,15 @@ HEADER = """\
 """
 
 
-def answer_sets() -> list[dict[str, object]]:
-    """One set of answers per loop and tracker, every yes/no feature on: every dependency a render can have."""
-    answers = json.loads((TEMPLATE_DIR / "cookiecutter.json").read_text(encoding="utf-8"))
-    features = {name: True for name, default in answers.items() if isinstance(default, bool)}
-    return [{**features, "training_loop": loop, "experiment_tracker": tracker}
-            for loop in answers["training_loop"] for tracker in answers["experiment_tracker"]]
-
-
-def declared_requirements(answers: dict[str, object]) -> dict[str, list[str]]:
-    """A render's pyproject.toml: {"": its dependencies, extra: that extra's} ."""
+def declared_requirements(answers: dict[str, object]) -> list[str]:
+    """What a render of these answers declares in its pyproject.toml: its dependencies and its dev extra."""
     with tempfile.TemporaryDirectory() as scratch:
         config = Path(scratch, "config.yaml")  # keeps cookiecutter's replay file out of $HOME
         config.write_text(f"replay_dir: {json.dumps(str(Path(scratch, 'replay')))}\n", encoding="utf-8")
         project = cookiecutter(str(TEMPLATE_DIR), no_input=True, extra_context=answers, output_dir=scratch,
                                config_file=str(config))
         project_table = tomllib.loads(Path(project, "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    return {"": project_table["dependencies"], **project_table.get("optional-dependencies", {})}
+    return project_table["dependencies"] + project_table.get("optional-dependencies", {}).get("dev", [])
 
 
 def installed_closure(requirements: Iterable[str]) -> dict[str, str]:
@@ -86,34 +78,55 @@ def installed_closure(requirements: Iterable[str]) -> dict[str, str]:
     return dict(sorted(versions.items()))
 
 
+def feature_conditions() -> dict[str, dict[str, object]]:
+    """{Jinja condition: the answers that turn it on} for each answer that can add dependencies: each yes/no
+    answer, and each tracker but none."""
+    config = json.loads((TEMPLATE_DIR / "cookiecutter.json").read_text(encoding="utf-8"))
+    conditions = {f"cookiecutter.{name}": {name: True} for name, value in config.items() if isinstance(value, bool)}
+    for tracker in config["experiment_tracker"][1:]:
+        conditions[f'cookiecutter.experiment_tracker == "{tracker}"'] = {"experiment_tracker": tracker}
+    return conditions
+
+
 @functools.cache
 def shipped_versions() -> tuple[dict[str, str], dict[str, dict[str, str]]]:
-    """(what every render pins, {tracker: what only that tracker's renders pin})."""
+    """(what every render pins, {Jinja condition: what only renders that meet it pin}). A loop's least render
+    has every yes/no answer off and no tracker; each condition adds what one answer brings to it."""
+    config = json.loads((TEMPLATE_DIR / "cookiecutter.json").read_text(encoding="utf-8"))
+    loops = config["training_loop"]
+    least = {name: False for name, value in config.items() if isinstance(value, bool)} | {"experiment_tracker": "none"}
+    versions: dict[str, str] = {}
+    needs: dict[str, list[str]] = {}  # package: the terms of the condition under which a render pins it
+    for loop in loops:
+        base = installed_closure(declared_requirements({**least, "training_loop": loop}))
+        versions |= base
+        for name in base:
+            needs.setdefault(name, []).append(f'cookiecutter.training_loop == "{loop}"')
+        for condition, answers in feature_conditions().items():
+            added = installed_closure(declared_requirements({**least, **answers, "training_loop": loop}))
+            versions |= added
+            for name in added.keys() - base.keys():
+                needs.setdefault(name, []).append(f'(cookiecutter.training_loop == "{loop}" and {condition})')
     common: dict[str, str] = {}
-    per_tracker: dict[str, list[str]] = {}
-    for answers in answer_sets():
-        declared = declared_requirements(answers)
-        tracker = str(answers["experiment_tracker"])
-        trackers = [name for name in declared if name not in ("", "dev")]  # the extras named after trackers
-        tracker_packages = {Requirement(text).name for name in trackers for text in declared[name]}
-        own = [text for text in declared[""] + declared["dev"] if Requirement(text).name not in tracker_packages]
-        common |= installed_closure(own)
-        if tracker != "none":
-            per_tracker.setdefault(tracker, []).extend(declared[""] + declared.get(tracker, []))
-    tracker_only = {
-        tracker: {name: version for name, version in installed_closure(requirements).items() if name not in common}
-        for tracker, requirements in per_tracker.items()
-    }
-    return dict(sorted(common.items())), tracker_only
+    only_when: dict[str, dict[str, str]] = {}
+    for name, terms in sorted(needs.items()):
+        if all(f'cookiecutter.training_loop == "{loop}"' in terms for loop in loops):
+            common[name] = versions[name]
+            continue
+        for condition in feature_conditions():  # in both loops: the condition alone
+            if all(f'(cookiecutter.training_loop == "{loop}" and {condition})' in terms for loop in loops):
+                terms = [term for term in terms if not term.endswith(f" and {condition})")] + [condition]
+        only_when.setdefault(" or ".join(terms), {})[name] = versions[name]
+    return common, only_when
 
 
 def constraints_text() -> str:
-    common, tracker_only = shipped_versions()
+    common, only_when = shipped_versions()
     python = ".".join(platform.python_version_tuple()[:2])
     lines = [HEADER.format(python=python).rstrip("\n")]
     lines += [f"{name}=={version}" for name, version in common.items()]
-    for tracker, versions in tracker_only.items():
-        lines.append(f'{{%- if cookiecutter.experiment_tracker == "{tracker}" %}}')
+    for condition, versions in sorted(only_when.items()):
+        lines.append(f"{{%- if {condition} %}}")
         lines += [f"{name}=={version}" for name, version in versions.items()]
         lines.append("{%- endif %}")
     return "\n".join(lines) + "\n"

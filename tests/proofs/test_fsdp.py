@@ -303,6 +303,8 @@ BLOCKS = {"bert": "bert.encoder.layer", "electra": "electra.encoder.layer", "rob
 def test_the_blocks_of_every_family_are_found_from_the_model(family: str, lora_r: int) -> None:
     import transformers
 
+    adapters = package_module("lora")  # a render with include_lora
+
     name, options = FAMILIES[family]
     size = {} if options else {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
                                "intermediate_size": 128}
@@ -310,9 +312,9 @@ def test_the_blocks_of_every_family_are_found_from_the_model(family: str, lora_r
     with torch.device("meta"):
         model = transformers.AutoModelForSequenceClassification.from_config(config)
         if lora_r:
-            model = modeling.wrap_with_lora(model, package_module("config").ModelArguments("m", lora_r=lora_r))
+            model = adapters.wrap_with_lora(model, adapters.LoraArguments("m", lora_r=lora_r))
     blocks = modeling.transformer_blocks(model)
-    classifier = modeling.classifier_of(model)
+    classifier = adapters.classifier_of(model)
     assert len(blocks) == 2 and blocks is classifier.get_submodule(BLOCKS[family])
 
 

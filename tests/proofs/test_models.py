@@ -47,6 +47,7 @@ from warm_launch import run_python, start_torchrun, torchrun
 
 config = package_module("config")
 data = package_module("data")
+lora = package_module("lora")  # a render with include_lora
 modeling = package_module("modeling")
 predict = package_module("predict")
 smoke = package_module("smoke")
@@ -67,7 +68,7 @@ PADDING_ATOL = 1e-5
 
 
 def model_args(folder: Path, **options) -> object:
-    return config.ModelArguments(model_name_or_path=str(folder), **options)
+    return lora.LoraArguments(model_name_or_path=str(folder), **options)
 
 
 def single_label(text_pair_column: str | None = None) -> object:
@@ -166,7 +167,7 @@ def test_padding_gpt2_on_the_left_would_change_its_logits(decoders: dict[str, Pa
 ], ids=["r", "alpha", "dropout", "targets"])
 def test_bad_lora_settings_are_refused(options: dict, message: str) -> None:
     with pytest.raises(config.ConfigError, match=message):
-        config.ModelArguments(model_name_or_path="m", **options)
+        lora.LoraArguments(model_name_or_path="m", **options)
 
 
 def test_lora_target_modules_must_name_linear_layers_of_the_model(decoders: dict[str, Path]) -> None:
@@ -222,9 +223,9 @@ def test_lora_adapts_every_linear_layer_of_the_body_and_trains_the_whole_head(
     folder = model_folder(name, decoders, smoke_assets)
     model = modeling.load_model(model_args(folder, lora_r=4), single_label(), modeling.load_tokenizer(
         model_args(folder)))
-    classifier = modeling.classifier_of(model)
+    classifier = lora.classifier_of(model)
     body = classifier.get_submodule(classifier.base_model_prefix)
-    assert set(modeling.head_modules(classifier)) == head
+    assert set(lora.head_modules(classifier)) == head
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     adapted = {n.split(".lora_")[0].rpartition(".")[2] for n in trainable if ".lora_" in n}
     assert adapted == layers

@@ -93,7 +93,7 @@ def test_unwritable_output_dir_fails_and_names_it(smoke_assets: Path, tmp_path: 
 
 
 def test_a_setting_train_refuses_is_its_error_line_and_status_2(smoke_assets: Path, tmp_path: Path) -> None:
-    result = run_alone([*smoke_flags(smoke_assets, tmp_path), "--lora_r", "-1"])
+    result = run_alone([*smoke_flags(smoke_assets, tmp_path), "--max_seq_length", "0"])
     assert result.returncode == 2
-    assert result.stderr.startswith("error: --lora_r -1: must be >= 0"), result.stderr
+    assert result.stderr.startswith("error: --max_seq_length 0: must be >= 1"), result.stderr
     assert check_lines(result.stdout) == {}

@@ -151,6 +151,7 @@ def whole_weights(model: torch.nn.Module) -> Iterator[None]:
             module.set_reshard_after_forward(module is not model, recurse=False)
 
 
+#% if cookiecutter.training_loop == "native" or cookiecutter.include_lora
 def gathered_on_rank0(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A state_dict's tensors whole, in fp32 as trained, on rank 0's CPU ({} elsewhere), one at a time on
     the device. Every rank calls it."""
@@ -163,6 +164,7 @@ def gathered_on_rank0(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return whole
 
 
+#% endif
 def setup_logging(is_main_process: bool) -> None:
     """Progress from rank 0, warnings and errors from the others; of the libraries' progress bars only the
     data set's tokenising, on a terminal."""

@@ -117,9 +117,12 @@ def library_versions() -> dict[str, str]:
     import torch
 
     versions = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
-    for name in ("transformers", "accelerate", "datasets", "tokenizers", "peft"):
+    for name in ("transformers", "accelerate", "datasets", "tokenizers"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[name] = metadata.version(name)
+    #% if cookiecutter.include_lora
+    versions["peft"] = metadata.version("peft")
+    #% endif
     return versions
 
 

@@ -15,8 +15,11 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+#% if cookiecutter.include_lora
+from . import lora
+#% endif
 from .distributed import gathered_on_rank0
-from .modeling import is_lora, transformer_blocks
+from .modeling import transformer_blocks
 
 logger = logging.getLogger(__name__)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "no": None}
@@ -57,15 +60,13 @@ def assert_shards_reduced(model: torch.nn.Module) -> None:
                            "gradient sync was left off on the last micro-step")
 
 
-def gather_final_weights(model: torch.nn.Module) -> tuple[dict, dict | None]:
-    """What the final save_pretrained writes, whole on rank 0 ({} elsewhere): the model's state_dict; with
-    LoRA, its trainable tensors (all that peft's save_pretrained keeps) and the base's
-    (modeling.save_lora_base), so that no weight is gathered twice. Every rank calls it."""
+def gather_final_weights(model: torch.nn.Module) -> dict:
+    """What the final save_pretrained writes, whole on rank 0 ({} elsewhere): the model's state_dict. Every
+    rank calls it."""
     state = model.state_dict()
-    if not is_lora(model):
-        return gathered_on_rank0(state), None
-    from peft import get_base_model_state_dict
-
-    trainable = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
-    adapters = gathered_on_rank0({name: tensor for name, tensor in state.items() if name in trainable})
-    return adapters, gathered_on_rank0(get_base_model_state_dict(model))
+    #% if cookiecutter.include_lora
+    if lora.is_lora(model):  # its trainable tensors, all that peft saves; lora.save_base gathers the base
+        trainable = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+        state = {name: tensor for name, tensor in state.items() if name in trainable}
+    #% endif
+    return gathered_on_rank0(state)

@@ -30,6 +30,9 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
+#% if cookiecutter.include_lora
+from . import lora
+#% endif
 from .batching import BatchPlan, ResumableSampler, build_loader, build_train_batches
 from .checkpoint import TRAINING_STATE, Checkpointer
 from .config import ConfigError, DataArguments, ModelArguments, parse_args
@@ -59,7 +62,6 @@ from .modeling import (
     load_model,
     load_tokenizer,
     parameter_counts,
-    save_lora_base,
     transformer_blocks,
 )
 from .results import write_results
@@ -121,7 +123,7 @@ class Job:
     train_loader: DataLoader
     plan: BatchPlan
     model: torch.nn.Module  # what the loop calls: DDP(module) when distributed without --fsdp, else module
-    module: torch.nn.Module  # the model itself (with LoRA, in its peft wrapper; sharded in place by --fsdp)
+    module: torch.nn.Module  # the model itself, as load_model returned it (sharded in place by --fsdp)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler | None  # fp16 only: loss scaling keeps small gradients from flushing to zero
@@ -147,7 +149,7 @@ class Job:
 
 def set_seed(seed: int) -> None:
     """Seed Python's, NumPy's and torch's generators (on every device), as transformers.set_seed does: its
-    import pulls in peft (seconds) for a run without LoRA."""
+    module takes seconds to import."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -207,7 +209,7 @@ def wrap_in_ddp(module: torch.nn.Module, args: TrainingArguments, env: TorchrunE
                 device: torch.device) -> torch.nn.Module:
     if env.world_size == 1:
         return module
-    # DDP all-reduces the gradients of the parameters that require one: under LoRA, the adapters' and head's.
+    # DDP all-reduces the gradients of the trainable parameters only.
     return DistributedDataParallel(
         module,  # its constructor broadcasts rank 0's weights, so every rank starts identical
         device_ids=[env.local_rank] if device.type == "cuda" else None,
@@ -268,12 +270,16 @@ def train_and_evaluate(job: Job) -> dict[str, float]:
 
 def save_final_model(job: Job) -> None:
     """The final model in output_dir itself, as the Trainer variant leaves it: a plain save_pretrained
-    folder that predict, pipeline() and merge_lora load. Under FSDP its weights are gathered once."""
-    weights, lora_base = gather_final_weights(job.module) if is_sharded(job.module) else (None, None)
+    folder that predict and pipeline() load. Under FSDP its weights are gathered once."""
+    sharded = is_sharded(job.module)
+    weights = gather_final_weights(job.module) if sharded else None
     if job.env.is_main_process:
         job.module.save_pretrained(job.args.output_dir, state_dict=weights)  # None: the model's own
-        save_lora_base(job.module, job.args.output_dir, lora_base)
         job.tokenizer.save_pretrained(job.args.output_dir)
+    #% if cookiecutter.include_lora
+    # Beside the adapter, the frozen base: every rank calls it, as under FSDP the base is gathered.
+    lora.save_base(job.module, job.args.output_dir, job.env.is_main_process, sharded)
+    #% endif
 
 
 def train(job: Job) -> dict[str, float]:

@@ -25,6 +25,9 @@ from torch.utils.data import Sampler
 from transformers import EvalPrediction, Trainer, TrainerCallback, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+#% if cookiecutter.include_lora
+from . import lora
+#% endif
 from .config import (
     BATCH_PLAN,
     ConfigError,
@@ -39,7 +42,6 @@ from .distributed import (
     agree_on_precision,
     assert_gradients_synchronised,
     cleanup_distributed,
-    gathered_on_rank0,
     is_distributed,
     length_sorted_shard,
     print_error,
@@ -57,14 +59,9 @@ from .metrics import (
 )
 from .modeling import (
     check_labels_fit,
-    check_same_lora,
-    classifier_of,
-    is_lora,
     load_model,
     load_tokenizer,
-    lora_rank,
     parameter_counts,
-    save_lora_base,
     transformer_blocks,
 )
 from .results import write_results
@@ -340,8 +337,12 @@ def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: Tr
         shard_blocks_of(model, args)
     # Classification heads take **kwargs but ignore num_items_in_batch and return a per-batch mean.
     # If the Trainer believed otherwise it would multiply the loss (and the gradients) by the world
-    # size and skip dividing by the accumulation steps. (It reads this inside a LoRA wrapper.)
-    classifier_of(model).accepts_loss_kwargs = False
+    # size and skip dividing by the accumulation steps.
+    #% if cookiecutter.include_lora
+    lora.classifier_of(model).accepts_loss_kwargs = False  # the Trainer reads it inside peft's wrapper
+    #% else
+    model.accepts_loss_kwargs = False
+    #% endif
     # --gradient_checkpointing: the Trainer turns it on itself, in the non-reentrant form unless
     # --gradient_checkpointing_kwargs says otherwise (modeling.enable_gradient_checkpointing says why).
     trainer = ClassificationTrainer(
@@ -379,7 +380,9 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
             args.accumulation_to_resume(checkpoint, args.world_size)  # the same split, or refused
             # As the preflight does: a run may start without it (PREFLIGHT=0), or on another node's files.
             check_labels_fit(checkpoint, trainer.compute_metrics.task, "checkpoint", same_names=True)
-            check_same_lora(checkpoint, lora_rank(trainer.model))
+            #% if cookiecutter.include_lora
+            lora.check_same_rank(checkpoint, lora.rank_of(trainer.model))
+            #% endif
             logger.info("resuming from checkpoint %s", checkpoint)
             totals = checkpoint / RUN_TOTALS
             record.earlier = json.loads(totals.read_text()) if totals.is_file() else None
@@ -398,7 +401,10 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
         metrics.update(parameter_counts(trainer.model))
         metrics["epoch"] = state.epoch
         trainer.save_model()  # under FSDP, the weights gathered whole (FULL_STATE_DICT)
-        save_final_lora_base(trainer, args.output_dir)
+        #% if cookiecutter.include_lora
+        # Beside the adapter, the frozen base: every rank calls it, as under FSDP the base is gathered.
+        lora.save_base(trainer.model, args.output_dir, trainer.is_world_process_zero(), trainer.is_fsdp_enabled)
+        #% endif
         trainer.save_state()
     if args.do_eval:
         # Trainer's evaluation gathers with gather_for_metrics, which drops the examples the
@@ -411,19 +417,6 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
                       trainer.processing_class, trainer.compute_metrics.task, test_file, args.device,
                       args.device_settings.precision, preprocessing_num_workers)
     return metrics
-
-
-def save_final_lora_base(trainer: Trainer, folder: str) -> None:
-    """With LoRA, the frozen base beside the adapter (modeling.save_lora_base), written by rank 0. Under FSDP
-    every rank takes part in gathering its shards."""
-    model = trainer.model
-    if not is_lora(model):
-        return
-    from peft import get_base_model_state_dict
-
-    weights = gathered_on_rank0(get_base_model_state_dict(model)) if trainer.is_fsdp_enabled else None
-    if trainer.is_world_process_zero():
-        save_lora_base(model, folder, weights)
 
 
 def release(trainer: Trainer) -> None:
