@@ -8,8 +8,9 @@ Steps, in order:
 1. Keep the chosen files (``PER_LOOP_FILES``, ``KEPT_ONLY_WHEN``): the chosen loop's
    ``<name>_<loop>.py`` becomes ``<name>.py`` and the other loop's is deleted, and a
    file kept only for an answer (native-only modules, the sbatch script and its logs/
-   folder, the container and Kubernetes files) is deleted for any other, with a folder
-   it leaves empty. A file this step expects but cannot find is a template bug: refused.
+   folder, the container and Kubernetes files, the doctor and its test) is deleted for
+   any other, with a folder it leaves empty. A file this step expects but cannot find is
+   a template bug: refused.
 2. Make ``scripts/*.sh`` and ``scripts/*.sbatch`` executable.
 3. Refuse the project if any text file still holds unrendered template text: a
    double-brace expression or a block tag that names ``cookiecutter``. Answers may
@@ -78,6 +79,7 @@ KEPT_ONLY_WHEN = {
         "logs/.gitkeep",
     ),
     ("include_kubernetes", True): ("Dockerfile", ".dockerignore", "k8s/trainjob.yaml"),
+    ("include_doctor", True): ("src/{package}/doctor.py", "tests/test_doctor.py"),
 }
 
 

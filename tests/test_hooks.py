@@ -84,6 +84,7 @@ GOOD_ANSWERS = {
     "experiment_tracker": ["none", "tensorboard", "wandb", "mlflow"],
     "include_slurm": [True, False],
     "include_kubernetes": [True, False],
+    "include_doctor": [True, False],
 }
 
 BAD_ANSWERS = {
@@ -232,6 +233,12 @@ BAD_ANSWERS = {
         ("no", "not a boolean"),
         ("false", "not a boolean"),
         (0, "not a boolean"),
+        (None, "not a boolean"),
+    ],
+    "include_doctor": [
+        ("yes", "not a boolean"),
+        ("n", "not a boolean"),
+        (1, "not a boolean"),
         (None, "not a boolean"),
     ],
 }
@@ -402,6 +409,7 @@ BAD_REPLAYS = {
     "experiment-tracker-unknown": ({"experiment_tracker": "comet"}, "experiment_tracker"),
     "include-slurm-string": ({"include_slurm": "no"}, "include_slurm"),
     "include-kubernetes-string": ({"include_kubernetes": "no"}, "include_kubernetes"),
+    "include-doctor-string": ({"include_doctor": "yes"}, "include_doctor"),
     "nnodes-negative": ({"nnodes": "-1"}, "nnodes"),
     "project-name-jinja-newline": ({"project_name": "{{ x }}\n"}, "project_name"),
 }

@@ -1,9 +1,9 @@
 """Every supported combination renders a clean project; unsupported ones are refused.
 
 Supported: the full product training_loop x include_slurm x mixed_precision
-(2 x 2 x 4 = 16), with include_kubernetes chosen for two of the four precisions, so
-that the 16 renders also hold every training_loop x include_slurm x include_kubernetes
-file set; each is rendered once per session with the same non-default name, model,
+(2 x 2 x 4 = 16), with include_kubernetes and include_doctor each chosen for two of the
+four precisions, so that the 16 renders also hold every training_loop x include_slurm x
+include_kubernetes x include_doctor file set; each is rendered once per session with the same non-default name, model,
 dataset and columns, so nothing can pass by being the default. Each render gets the
 exact file set, the chosen loop's files, run bits, no template leftovers, ruff,
 ``bash -n`` and shellcheck, TOML/YAML parsing, and the recorded answers; one render per
@@ -64,35 +64,42 @@ class Combination(NamedTuple):
     mixed_precision: str
     include_kubernetes: bool = False
     experiment_tracker: str = "none"
+    include_doctor: bool = False
 
     @property
     def id(self) -> str:
         slurm = "slurm" if self.include_slurm else "no-slurm"
         kubernetes = "-k8s" if self.include_kubernetes else ""
         tracker = "" if self.experiment_tracker == "none" else f"-{self.experiment_tracker}"
-        return f"{self.training_loop}-{slurm}-{self.mixed_precision}{kubernetes}{tracker}"
+        doctor = "-doctor" if self.include_doctor else ""
+        return f"{self.training_loop}-{slurm}-{self.mixed_precision}{kubernetes}{tracker}{doctor}"
 
     @property
     def answers(self) -> dict[str, object]:
         return {**BASE_ANSWERS, **self._asdict()}
 
 
-# Kubernetes only adds files, independent of the other answers: rather than double the
-# renders, half the precisions take it.
+# Kubernetes and the doctor only add files (and, for the doctor, lines in the scripts and README),
+# independent of the other answers: rather than double the renders, half the precisions take each,
+# so that each loop and SLURM answer meets every Kubernetes x doctor pair.
 KUBERNETES_PRECISIONS = ("bf16", "no")
+DOCTOR_PRECISIONS = ("auto", "no")
 SUPPORTED = [
-    Combination(loop, slurm, precision, precision in KUBERNETES_PRECISIONS)
+    Combination(loop, slurm, precision, precision in KUBERNETES_PRECISIONS,
+                include_doctor=precision in DOCTOR_PRECISIONS)
     for loop, slurm, precision in itertools.product(
         ["trainer", "native"], [True, False], ["auto", "bf16", "fp16", "no"]
     )
 ]
-# One per file set: precision only edits YAML.
+# One per loop, SLURM and Kubernetes file set (precision only edits YAML): those with auto take the
+# doctor, those with bf16 do not.
 FILE_SET_RUNS = [combo for combo in SUPPORTED if combo.mixed_precision in ("auto", "bf16")]
 # One render per loop, each with the SLURM script, whose tests run it under a real SLURM (without it,
-# a render only lacks those files; precision only edits YAML).
+# a render only lacks those files; precision only edits YAML), and with the doctor, which the proofs
+# run too.
 SUITE_RUNS = [
-    Combination("trainer", True, "auto"),
-    Combination("native", True, "auto"),
+    Combination("trainer", True, "auto", include_doctor=True),
+    Combination("native", True, "auto", include_doctor=True),
 ]
 # The tracker only adds a dependency, a config line and a README section: one render for each
 # tracker but none (the default of every render above), the loops and file sets mixed.
@@ -131,7 +138,6 @@ COMMON_FILES = {
     f"src/{PACKAGE}/data.py",
     f"src/{PACKAGE}/device.py",
     f"src/{PACKAGE}/distributed.py",
-    f"src/{PACKAGE}/doctor.py",
     f"src/{PACKAGE}/merge_lora.py",
     f"src/{PACKAGE}/metrics.py",
     f"src/{PACKAGE}/modeling.py",
@@ -149,7 +155,6 @@ COMMON_FILES = {
     "tests/test_data.py",
     "tests/test_ddp.py",
     "tests/test_distributed.py",
-    "tests/test_doctor.py",
     "tests/test_launch_end_to_end.py",
     "tests/test_metrics.py",
     "tests/test_modeling.py",
@@ -180,6 +185,7 @@ SLURM_SCRIPT = "scripts/train_slurm.sbatch"
 # The script and its log folder (its tests under a real SLURM are the template's: tests/proofs/).
 SLURM_ONLY_FILES = {SLURM_SCRIPT, "logs/.gitkeep"}
 KUBERNETES_ONLY_FILES = {"Dockerfile", ".dockerignore", "k8s/trainjob.yaml"}
+DOCTOR_ONLY_FILES = {f"src/{PACKAGE}/doctor.py", "tests/test_doctor.py"}
 LAUNCHERS = {"scripts/train_single_node.sh", "scripts/train_multi_node.sh"}
 
 
@@ -191,6 +197,8 @@ def expected_files(combo: Combination) -> set[str]:
         files |= SLURM_ONLY_FILES
     if combo.include_kubernetes:
         files |= KUBERNETES_ONLY_FILES
+    if combo.include_doctor:
+        files |= DOCTOR_ONLY_FILES
     return files
 
 
@@ -231,18 +239,21 @@ def test_supported_combinations_cover_every_choice_product_and_file_set(default_
     config = cookiecutter_json()
     assert isinstance(config["include_slurm"], bool)
     assert isinstance(config["include_kubernetes"], bool)
+    assert config["include_doctor"] is False
     loops, booleans = config["training_loop"], [True, False]
     assert {combo[:3] for combo in SUPPORTED} == set(
         itertools.product(loops, booleans, config["mixed_precision"])
     )
     file_sets = {
-        (combo.training_loop, combo.include_slurm, combo.include_kubernetes)
+        (combo.training_loop, combo.include_slurm, combo.include_kubernetes, combo.include_doctor)
         for combo in SUPPORTED
     }
-    assert file_sets == set(itertools.product(loops, booleans, booleans))
+    assert file_sets == set(itertools.product(loops, booleans, booleans, booleans))
     assert len(SUPPORTED) == len(set(SUPPORTED)) == 16
     replayed = {(c.training_loop, c.include_slurm, c.include_kubernetes) for c in FILE_SET_RUNS}
-    assert replayed == file_sets and len(FILE_SET_RUNS) == len(file_sets)
+    assert len(replayed) == len(FILE_SET_RUNS) == len(set(itertools.product(loops, booleans, booleans)))
+    assert {c.include_doctor for c in FILE_SET_RUNS} == {True, False}
+    assert all(combo.include_doctor for combo in SUITE_RUNS)
     for combo in SUPPORTED:
         answers = recorded_answers(combo, default_answers)
         assert pre_gen.find_first_problem(answers) is None, combo.id
@@ -476,6 +487,7 @@ README_TEXT_ONLY_FOR = {
     ("experiment_tracker", "tensorboard"): ["tensorboard --logdir", "TENSORBOARD_LOGGING_DIR"],
     ("experiment_tracker", "wandb"): ["wandb sync", "WANDB_MODE", "offline-run-"],
     ("experiment_tracker", "mlflow"): ["mlflow ui", "MLFLOW_TRACKING_URI", "mlflow.db"],
+    ("include_doctor", True): ["Cluster checks: the doctor", "`doctor.py`", "the doctor's `backend` line"],
 }
 # Any tracker's; with none, the options table only lists --report_to's values.
 TRACKER_SECTION_TEXT = ["## Experiment tracking", "tracking.py` sets only where you have not"]
@@ -495,6 +507,24 @@ def test_readme_and_folders_hold_nothing_for_an_answer_not_chosen(rendered, comb
     assert (project / "logs").is_dir() == combo.include_slurm
     gitignore = (project / ".gitignore").read_text(encoding="utf-8")
     assert ("logs/" in gitignore) == combo.include_slurm
+
+
+@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS + TRACKER_RUNS))
+def test_the_doctor_is_named_only_where_it_was_chosen(rendered, combo):
+    # Its module and test, the launch scripts' help, the Trainer's flags' docstring and the README; nothing
+    # when not chosen (the recorded answers name include_doctor itself).
+    project = rendered(combo)
+    naming = {
+        name for name in relative_files(project) - {".cookiecutter.json"}
+        if "doctor" in (project / name).read_text(encoding="utf-8").lower()
+    }
+    expected = set()
+    if combo.include_doctor:
+        expected = DOCTOR_ONLY_FILES | {"README.md", "scripts/_common.sh", "scripts/train_single_node.sh",
+                                        "scripts/train_multi_node.sh"}
+        if combo.training_loop == "trainer":
+            expected.add(f"src/{PACKAGE}/training_args.py")
+    assert naming == expected
 
 
 @pytest.mark.parametrize("combo", combination_params(SUPPORTED + TRACKER_RUNS))
@@ -526,7 +556,7 @@ def test_replaying_recorded_answers_reproduces_the_same_files(
 def test_command_line_accepts_the_recorded_answers_as_replay_file(
     rendered, tmp_path, cookiecutter_config
 ):
-    project = rendered(Combination("native", False, "auto"))
+    project = rendered(Combination("native", False, "auto", include_doctor=True))
     result = run(
         [
             sys.executable,
@@ -764,7 +794,8 @@ def test_every_function_and_class_the_package_defines_is_used_by_the_project(ren
 
 # What a render hands its user, in lines: its tests and test helpers, and its shell scripts (the
 # proofs stay in the template: tests/proofs/). src/ and its lines over 110 characters are held at the
-# counts they have come down to (README.md, "What you get"): lower them as the code shrinks.
+# counts they have come down to (README.md, "What you get"): lower them as the code shrinks. Measured on
+# the file sets without the doctor (a prompt, default no): each loop with and without SLURM.
 TESTS_CAP, SHELL_CAP = 3000, 450
 SRC_CAP = {"native": 3854, "trainer": 3341}
 LONG_LINES_CAP = {"native": 63, "trainer": 80}
@@ -776,7 +807,7 @@ def line_counts(paths: list[Path]) -> tuple[int, int]:
     return len(lines), sum(len(line) > 110 for line in lines)
 
 
-@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS))
+@pytest.mark.parametrize("combo", combination_params([combo for combo in FILE_SET_RUNS if not combo.include_doctor]))
 def test_render_stays_lean(rendered, combo):
     project = rendered(combo)
     src, long_lines = line_counts(sorted((project / "src").rglob("*.py")))
