@@ -55,7 +55,8 @@ from .metrics import (
     write_log_line,
 )
 from .modeling import (
-    enable_gradient_checkpointing,
+    check_gradient_checkpointing,
+    classifier_of,
     load_model,
     load_tokenizer,
     parameter_counts,
@@ -151,6 +152,18 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each layer's activations in the backward pass instead of keeping them.
+
+    Non-reentrant, as the Trainer's default: the reentrant form sends no gradient through a layer whose
+    inputs need none, as under LoRA with frozen embeddings. Only transformers' hook making the embeddings'
+    output need one saves it there; without it the checkpointed adapters got no gradient and DDP stopped
+    at the next step ("Expected to have finished reduction")."""
+    classifier = classifier_of(model)
+    check_gradient_checkpointing(classifier)
+    classifier.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
 
 def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args: ModelArguments,

@@ -345,7 +345,8 @@ def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: Tr
     # size and skip dividing by the accumulation steps. (It reads this inside a LoRA wrapper.)
     classifier_of(model).accepts_loss_kwargs = False
     # --gradient_checkpointing: the Trainer turns it on itself, in the non-reentrant form unless
-    # --gradient_checkpointing_kwargs says otherwise (modeling.enable_gradient_checkpointing says why).
+    # --gradient_checkpointing_kwargs says otherwise (the reentrant one sends no gradient through a layer
+    # whose inputs need none, as under LoRA with frozen embeddings).
     trainer = ClassificationTrainer(
         model=model,
         args=args,
