@@ -797,8 +797,8 @@ def test_every_function_and_class_the_package_defines_is_used_by_the_project(ren
 # counts they have come down to (README.md, "What you get"): lower them as the code shrinks. Measured on
 # the file sets without the doctor (a prompt, default no): each loop with and without SLURM.
 TESTS_CAP, SHELL_CAP = 3000, 450
-SRC_CAP = {"native": 3854, "trainer": 3341}
-LONG_LINES_CAP = {"native": 63, "trainer": 80}
+SRC_CAP = {"native": 3558, "trainer": 3033}
+LONG_LINES_CAP = {"native": 61, "trainer": 78}
 
 
 def line_counts(paths: list[Path]) -> tuple[int, int]:
