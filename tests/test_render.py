@@ -3,11 +3,11 @@
 Supported: the full product training_loop x include_slurm x mixed_precision
 (2 x 2 x 4 = 16), with include_kubernetes and include_doctor each chosen for two of the
 four precisions, so that the 16 renders also hold every training_loop x include_slurm x
-include_kubernetes x include_doctor file set; each is rendered once per session with the same non-default name, model,
-dataset and columns, so nothing can pass by being the default. Each render gets the
-exact file set, the chosen loop's files, run bits, no template leftovers, ruff,
-``bash -n`` and shellcheck, TOML/YAML parsing, and the recorded answers; one render per
-file set is replayed from them. The Kubernetes files' contents: test_kubernetes.py.
+include_kubernetes x include_doctor file set; each is rendered once per session with the
+same non-default name, model, dataset and columns, so nothing can pass by being the
+default. Each render gets the exact file set, the chosen loop's files, run bits, no
+template leftovers, ruff, ``bash -n`` and shellcheck, TOML/YAML parsing, and the recorded
+answers; one render per file set is replayed from them. The Kubernetes files' contents: test_kubernetes.py.
 
 Unsupported: ``UNSUPPORTED`` below, each refused with its one ERROR line.
 
@@ -79,9 +79,9 @@ class Combination(NamedTuple):
         return {**BASE_ANSWERS, **self._asdict()}
 
 
-# Kubernetes and the doctor only add files (and, for the doctor, lines in the scripts and README),
-# independent of the other answers: rather than double the renders, half the precisions take each,
-# so that each loop and SLURM answer meets every Kubernetes x doctor pair.
+# Kubernetes and the doctor only add files (and, for the doctor, lines of text in the scripts, the README
+# and the Trainer's flags' docstring), independent of the other answers: rather than double the renders,
+# half the precisions take each, so that each loop and SLURM answer meets every Kubernetes x doctor pair.
 KUBERNETES_PRECISIONS = ("bf16", "no")
 DOCTOR_PRECISIONS = ("auto", "no")
 SUPPORTED = [
