@@ -33,6 +33,16 @@ def smoke_module(project: Path):
     return importlib.import_module(f"{PACKAGE}.smoke")
 
 
+def tiny_decoders_module():
+    """The template's tiny decoders (tests/proofs/tiny_decoders.py), which no render ships."""
+    proofs = TEMPLATE / "tests" / "proofs"
+    if str(proofs) not in sys.path:
+        sys.path.insert(0, str(proofs))
+    import importlib
+
+    return importlib.import_module("tiny_decoders")
+
+
 def imdb_like_rows(smoke, size: int, seed: int, max_words: int) -> list[dict]:
     """Labelled reviews: the label's sentiment words are scattered through neutral ones."""
     rng = random.Random(seed)

@@ -9,10 +9,10 @@ Steps, in order:
    ``<name>_<loop>.py`` becomes ``<name>.py`` and the other loop's is deleted, and a
    file kept only for an answer (native-only modules, the sbatch script and its logs/
    folder, the container and Kubernetes files, the tracker's modules and test, LoRA's modules
-   and test) is deleted for any other, with a folder it leaves empty. A file this step
-   expects but cannot find is a template bug: refused. Then keep the chosen lines
-   (``LINES_KEPT_ONLY_WHEN``): a Python line that ends with a marker, such as
-   ``# [tracker]``, loses the marker where its answer fits and is deleted elsewhere, so
+   and test, the doctor and its test) is deleted for any other, with a folder it leaves
+   empty. A file this step expects but cannot find is a template bug: refused. Then keep
+   the chosen lines (``LINES_KEPT_ONLY_WHEN``): a Python line that ends with a marker, such
+   as ``# [tracker]``, loses the marker where its answer fits and is deleted elsewhere, so
    that a feature not chosen leaves no line in the code that would call it.
 2. Make ``scripts/*.sh`` and ``scripts/*.sbatch`` executable.
 3. Refuse the project if any text file still holds unrendered template text: a
@@ -105,6 +105,7 @@ KEPT_ONLY_WHEN = {
         "src/{package}/merge_lora.py",
         "tests/test_lora.py",
     ),
+    ("include_doctor", True): ("src/{package}/doctor.py", "tests/test_doctor.py"),
 }
 # Python lines kept only when an answer meets a condition, marked in the template by a comment that ends them.
 LINES_KEPT_ONLY_WHEN = {"# [tracker]": TRACKER_CHOSEN}

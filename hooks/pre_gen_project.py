@@ -200,6 +200,7 @@ VALIDATORS: dict[str, Callable[[object], str | None]] = {
     "include_slurm": check_boolean,
     "include_kubernetes": check_boolean,
     "include_lora": check_boolean,
+    "include_doctor": check_boolean,
 }
 
 

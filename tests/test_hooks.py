@@ -85,6 +85,7 @@ GOOD_ANSWERS = {
     "include_slurm": [True, False],
     "include_kubernetes": [True, False],
     "include_lora": [True, False],
+    "include_doctor": [True, False],
 }
 
 BAD_ANSWERS = {
@@ -238,6 +239,12 @@ BAD_ANSWERS = {
     "include_lora": [
         ("yes", "not a boolean"),
         ("False", "not a boolean"),
+        (1, "not a boolean"),
+        (None, "not a boolean"),
+    ],
+    "include_doctor": [
+        ("yes", "not a boolean"),
+        ("n", "not a boolean"),
         (1, "not a boolean"),
         (None, "not a boolean"),
     ],
@@ -410,6 +417,7 @@ BAD_REPLAYS = {
     "include-slurm-string": ({"include_slurm": "no"}, "include_slurm"),
     "include-kubernetes-string": ({"include_kubernetes": "no"}, "include_kubernetes"),
     "include-lora-string": ({"include_lora": "yes"}, "include_lora"),
+    "include-doctor-string": ({"include_doctor": "yes"}, "include_doctor"),
     "nnodes-negative": ({"nnodes": "-1"}, "nnodes"),
     "project-name-jinja-newline": ({"project_name": "{{ x }}\n"}, "project_name"),
 }

@@ -33,6 +33,7 @@ from safetensors.torch import load_file
 from test_native_resume import no_dropout_assets  # noqa: F401 - a fixture of this module too
 from test_preemption import STOPPED_EXIT_CODE, launch, wait
 from test_restarts import RESUMED_FROM, crash_env, run_single_node
+from tiny_decoders import make_tiny_decoder
 from transformers import AutoConfig, AutoModelForSequenceClassification, pipeline
 from warm_launch import run_python, torchrun
 
@@ -242,7 +243,7 @@ def test_torchrun_restarts_a_killed_fsdp_worker_and_ends_with_the_undisturbed_we
 def lora(smoke_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A GPT-2-like decoder, as test_models.py's lora run, sharded: bf16 compute (FSDP's MixedPrecisionPolicy)."""
     folder = tmp_path_factory.mktemp("lora")
-    gpt2 = smoke.make_tiny_decoder("gpt2", folder / "tiny-gpt2")
+    gpt2 = make_tiny_decoder("gpt2", folder / "tiny-gpt2", smoke.WORDS)
     output_dir = folder / "out"
     flags = smoke_flags(smoke_assets, output_dir)
     flags[flags.index("--model_name_or_path") + 1] = str(gpt2)

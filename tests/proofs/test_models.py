@@ -12,7 +12,7 @@ real runs under torchrun (2 CPU processes, gloo, tests/ddp_probe.py), each share
 - unused: a BigBird whose classification forward never uses its pooler (conftest.tiny_bigbird), every
   other weight trained, with gradient checkpointing: the pooler is frozen and named in one log line.
 
-The tiny decoders come from smoke.make_tiny_decoder: built from configs, offline.
+The tiny decoders come from tiny_decoders.make_tiny_decoder (a proof helper): built from configs, offline.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from conftest import (
 )
 from datasets import Dataset, DatasetDict
 from safetensors.torch import load_file
+from tiny_decoders import DECODERS, build_decoder_tokenizer, make_tiny_decoder, train_bpe
 from transformers import AutoConfig, pipeline
 from warm_launch import run_python, start_torchrun, torchrun
 
@@ -78,7 +79,7 @@ def single_label(text_pair_column: str | None = None) -> object:
 @pytest.fixture(scope="module")
 def decoders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("decoders")
-    return {family: smoke.make_tiny_decoder(family, folder / f"tiny-{family}") for family in smoke.DECODERS}
+    return {family: make_tiny_decoder(family, folder / f"tiny-{family}", smoke.WORDS) for family in DECODERS}
 
 
 def model_folder(name: str, decoders: dict[str, Path], smoke_assets: Path) -> Path:
@@ -92,7 +93,7 @@ def model_folder(name: str, decoders: dict[str, Path], smoke_assets: Path) -> Pa
 def test_a_tokenizer_without_a_pad_token_pads_with_its_eos_token_on_the_right(
     family: str, decoders: dict[str, Path], caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
-    shipped = smoke.build_decoder_tokenizer(family)
+    shipped = build_decoder_tokenizer(family, smoke.WORDS)
     assert shipped.pad_token is None  # as the family ships it: otherwise this proves nothing
     with caplog.at_level(logging.INFO):
         tokenizer = modeling.load_tokenizer(model_args(decoders[family]))
@@ -187,9 +188,9 @@ def test_preflight_refuses_a_tokenizer_with_nothing_to_pad_with_in_one_line(
     decoders: dict[str, Path], smoke_assets: Path, tmp_path: Path
 ) -> None:
     folder = tmp_path / "no-eos"
-    vocab, merges = smoke.train_bpe(byte_level=True, special_tokens=[])
-    type(smoke.build_decoder_tokenizer("gpt2"))(vocab=vocab, merges=merges, bos_token=None, eos_token=None,
-                                                unk_token=None).save_pretrained(folder)
+    vocab, merges = train_bpe(smoke.WORDS, byte_level=True, special_tokens=[])
+    type(build_decoder_tokenizer("gpt2", smoke.WORDS))(vocab=vocab, merges=merges, bos_token=None, eos_token=None,
+                                                       unk_token=None).save_pretrained(folder)
     for name in ("config.json", "model.safetensors"):
         (folder / name).write_bytes((decoders["gpt2"] / name).read_bytes())
     flags = smoke_flags(smoke_assets, tmp_path / "out")

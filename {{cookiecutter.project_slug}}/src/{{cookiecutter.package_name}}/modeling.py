@@ -231,17 +231,3 @@ def check_gradient_checkpointing(model: PreTrainedModel) -> None:
     if not model.supports_gradient_checkpointing:
         raise ConfigError(f"--gradient_checkpointing: transformers' {type(model).__name__} does not support "
                           "it; leave it out")
-
-
-def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
-    """Recompute each layer's activations in the backward pass instead of keeping them.
-
-    Non-reentrant, as the Trainer's default: the reentrant form sends no gradient through a layer whose
-    inputs need none, as with frozen embeddings. Only transformers' hook making the embeddings' output need
-    one saves it there; without it the checkpointed layers got no gradient and DDP stopped at the next step
-    ("Expected to have finished reduction")."""
-    #% if cookiecutter.include_lora
-    model = lora.classifier_of(model)  # inside peft's wrapper
-    #% endif
-    check_gradient_checkpointing(model)
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})

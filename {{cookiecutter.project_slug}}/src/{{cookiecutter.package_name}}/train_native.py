@@ -58,7 +58,7 @@ from .metrics import (
     write_log_line,
 )
 from .modeling import (
-    enable_gradient_checkpointing,
+    check_gradient_checkpointing,
     load_model,
     load_tokenizer,
     parameter_counts,
@@ -153,6 +153,20 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each layer's activations in the backward pass instead of keeping them.
+
+    Non-reentrant, as the Trainer's default: the reentrant form sends no gradient through a layer whose
+    inputs need none, as with frozen embeddings. Only transformers' hook making the embeddings' output need
+    one saves it there; without it the checkpointed layers got no gradient and DDP stopped at the next step
+    ("Expected to have finished reduction")."""
+    #% if cookiecutter.include_lora
+    model = lora.classifier_of(model)  # inside peft's wrapper
+    #% endif
+    check_gradient_checkpointing(model)
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
 
 def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args: ModelArguments,

@@ -344,7 +344,8 @@ def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: Tr
     model.accepts_loss_kwargs = False
     #% endif
     # --gradient_checkpointing: the Trainer turns it on itself, in the non-reentrant form unless
-    # --gradient_checkpointing_kwargs says otherwise (modeling.enable_gradient_checkpointing says why).
+    # --gradient_checkpointing_kwargs says otherwise (the reentrant one sends no gradient through a layer
+    # whose inputs need none, as with frozen embeddings).
     trainer = ClassificationTrainer(
         model=model,
         args=args,

@@ -2,7 +2,7 @@
 backend and precision decided before the Trainer sets up devices.
 
 Parsing has no side effects: it only queries the GPUs (how many, which compute capability), so
-that the preflight and the doctor parse the same flags in one process on a node of 8 GPUs. The run's
+that the preflight{% if cookiecutter.include_doctor %} and the doctor{% endif %} can parse the same flags in one process on a node of 8 GPUs. The run's
 setup (train.py's prepare_run) pins this rank's GPU and starts the process group before transformers
 sets up its devices, which it then adopts through accelerate.
 """
