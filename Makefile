@@ -24,7 +24,9 @@ $(BIN)/.installed: requirements-dev.txt $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(if $(TORCH_INDEX_URL),--index-url "$(TORCH_INDEX_URL)") "$(TORCH_REQUIREMENT)"
-	$(BIN)/python -m pip install --quiet -r requirements-dev.txt $(if $(CONSTRAINTS),--constraint "$(CONSTRAINTS)")
+	@# Every render's pins at once: constraints.txt without its Jinja lines (each package is in one block).
+	$(if $(CONSTRAINTS),grep -v '^{%' "$(CONSTRAINTS)" > $(VENV)/constraints.txt)
+	$(BIN)/python -m pip install --quiet -r requirements-dev.txt $(if $(CONSTRAINTS),--constraint $(VENV)/constraints.txt)
 	touch $@
 
 smoke: $(BIN)/.installed

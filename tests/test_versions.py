@@ -44,6 +44,13 @@ def test_constraints_txt_holds_the_versions_the_tests_run_on():
         "ranges allow, or reinstall .venv (rm -rf .venv && make test-fast) to test the shipped ones")
 
 
+def test_each_package_is_pinned_once_so_the_templates_venv_takes_every_block_at_once():
+    # The Makefile installs the template's .venv with every line of constraints.txt but the Jinja ones.
+    text = tested_versions.CONSTRAINTS.read_text(encoding="utf-8")
+    names = [line.split("==")[0] for line in text.splitlines() if "==" in line and not line.startswith(("#", "{%"))]
+    assert len(names) == len(set(names)) == len(pins(text))
+
+
 ANSWER_SETS = {
     "default": {},
     **{tracker: {"experiment_tracker": tracker, "training_loop": "native"} for tracker in TRACKERS},
