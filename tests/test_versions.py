@@ -34,7 +34,7 @@ INSTALL_TIMEOUT = 1200
 
 
 def pins(text: str) -> dict[str, str]:
-    return dict(line.split("==", 1) for line in text.splitlines() if "==" in line and not line.startswith("#"))
+    return dict(line.split("==", 1) for line in text.splitlines() if "==" in line and not line.startswith(("#", "{%")))
 
 
 def test_constraints_txt_holds_the_versions_the_tests_run_on():
@@ -48,7 +48,7 @@ def test_each_package_is_pinned_once_so_the_templates_venv_takes_every_block_at_
     # The Makefile installs the template's .venv with every line of constraints.txt but the Jinja ones.
     text = tested_versions.CONSTRAINTS.read_text(encoding="utf-8")
     names = [line.split("==")[0] for line in text.splitlines() if "==" in line and not line.startswith(("#", "{%"))]
-    assert len(names) == len(set(names)) == len(pins(text))
+    assert len(names) == len(set(names))
 
 
 ANSWER_SETS = {
