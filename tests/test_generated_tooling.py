@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 PACKAGE = "text_classifier"  # the default answers'
-TARGETS = ["help", "install", "smoke", "train", "test", "test-all", "lint", "format", "clean"]
+TARGETS = ["help", "install", "test-latest", "lock", "smoke", "train", "test", "test-all", "lint", "format", "clean"]
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 PYTHON = "/opt/env/bin/python"  # an interpreter the Makefile is told about; -n never runs it
 CHECK_PYTHON = (
@@ -117,7 +117,14 @@ def test_install_makes_a_venv_and_takes_torch_from_the_cpu_index_without_nvidia_
     assert install_commands(project, tmp_path, nvidia_smi=False) == [
         "python3 -m venv .venv",
         ".venv/bin/python -m pip install --upgrade pip",
-        f'.venv/bin/python -m pip install --index-url "{CPU_INDEX}" torch',
+        f'.venv/bin/python -m pip install --index-url "{CPU_INDEX}" --no-deps torch --constraint constraints.txt',
+        '.venv/bin/python -m pip install -e ".[dev]" --constraint constraints.txt',
+    ]
+
+
+def test_install_without_constraints_takes_the_newest_versions_allowed(project, tmp_path):
+    assert install_commands(project, tmp_path, "CONSTRAINTS=", nvidia_smi=False)[2:] == [
+        f'.venv/bin/python -m pip install --index-url "{CPU_INDEX}" --no-deps torch',
         '.venv/bin/python -m pip install -e ".[dev]"',
     ]
 
@@ -136,8 +143,8 @@ def test_install_takes_torch_from_the_default_index_with_nvidia_smi_or_as_told(
 ):
     lines = install_commands(project, tmp_path, *args, nvidia_smi=nvidia_smi)
     source = f'--index-url "{index}" ' if index else ""
-    assert lines[2] == f".venv/bin/python -m pip install {source}torch"
-    assert lines[3] == '.venv/bin/python -m pip install -e ".[dev]"'  # torch first, as chosen
+    assert lines[2] == f".venv/bin/python -m pip install {source}--no-deps torch --constraint constraints.txt"
+    assert lines[3] == '.venv/bin/python -m pip install -e ".[dev]" --constraint constraints.txt'  # torch first
 
 
 def test_python_is_the_one_given_else_the_venvs_else_python(project_copy):

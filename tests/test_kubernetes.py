@@ -364,7 +364,7 @@ def test_image_installs_the_project_on_cuda_by_default_as_the_volumes_user(rende
     stages = {line.split(" AS ")[1]: line.split(" AS ")[0] for line in froms[:-1]}
     assert "cuda" in stages["base-cuda"] and stages["base-cpu"].startswith("python:")
     runs = [arguments for name, arguments in instructions if name == "RUN"]
-    assert any(run.startswith("pip install --no-cache-dir . ") for run in runs), runs
+    assert any(run.startswith("pip install --no-cache-dir --constraint constraints.txt . ") for run in runs), runs
     assert ("WORKDIR", "/workspace") in instructions
     assert ("COPY", "--chown=trainer:trainer . .") in instructions
     # The last USER is a numeric uid (Kubernetes checks runAsNonRoot on numbers), the
