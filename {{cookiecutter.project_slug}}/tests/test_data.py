@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import logging
 import random
 from pathlib import Path
 
@@ -17,9 +18,10 @@ from conftest import in_memory, names_from, package_module, task_of
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 
 ConfigError = names_from("config", "ConfigError")
-DataArguments, build_collator, label_names, length_grouped_steps, load_raw_datasets, tokenize_datasets = names_from(
+(DataArguments, build_collator, label_names, length_grouped_steps, load_raw_datasets, tokenize_datasets,
+ warn_of_unknown_tokens) = names_from(
     "data", "DataArguments", "build_collator", "label_names", "length_grouped_steps", "load_raw_datasets",
-    "tokenize_datasets"
+    "tokenize_datasets", "warn_of_unknown_tokens"
 )
 smoke = package_module("smoke")
 
@@ -169,6 +171,25 @@ def test_tokenize_truncates_at_max_seq_length() -> None:
     assert data["train"]["length"] == [3, 4, 5, 5, 5]
     assert [ids[-1] for ids in data["train"]["input_ids"]] == [tokenizer.sep_token_id] * 5
     assert data["train"]["truncated"] == [False, False, False, True, True]  # the 5-token one fits exactly
+
+
+def test_train_data_the_tokenizer_cannot_read_is_warned_of_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    tokenizer = smoke.build_tokenizer()  # 81 words of film reviews
+
+    def train_split(texts: list[str]) -> Dataset:
+        raw = DatasetDict(train=Dataset.from_dict(dict(text=texts, label=["a"] * len(texts))))
+        return tokenize_datasets(raw, tokenizer, task_of("a"))["train"]
+
+    with caplog.at_level(logging.WARNING):
+        smoke_texts = [row["text"] for row in example_rows(20, seed=1)]
+        assert warn_of_unknown_tokens(train_split(smoke_texts), tokenizer) == 0.0
+        assert caplog.records == []
+        # "the" is in the word list; "quick brown fox jumps" is not: 4 of 5 words unknown, [CLS] and [SEP] aside.
+        assert warn_of_unknown_tokens(train_split(["the quick brown fox jumps"] * 2), tokenizer) == 0.8
+    assert [record.getMessage() for record in caplog.records] == [
+        f"80% of the tokens in the first 2 train examples are unknown ([UNK]) to the tokenizer of "
+        f"{tokenizer.name_or_path}: it cannot read this data; pick a --model_name_or_path whose vocabulary covers it"
+    ]
 
 
 # ---- collator ----------------------------------------------------------------------------------
