@@ -173,22 +173,24 @@ def test_tokenize_truncates_at_max_seq_length() -> None:
     assert data["train"]["truncated"] == [False, False, False, True, True]  # the 5-token one fits exactly
 
 
-def test_train_data_the_tokenizer_cannot_read_is_warned_of_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
-    tokenizer = smoke.build_tokenizer()  # 81 words of film reviews
-
-    def train_split(texts: list[str]) -> Dataset:
-        raw = DatasetDict(train=Dataset.from_dict(dict(text=texts, label=["a"] * len(texts))))
-        return tokenize_datasets(raw, tokenizer, task_of("a"))["train"]
-
+def test_train_data_the_tokenizer_cannot_read_is_warned_of_in_one_line_on_rank_0(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokenizer, task = smoke.build_tokenizer(), task_of("negative", "positive")
+    smoke_train, unreadable_train = (
+        tokenize_datasets(DatasetDict(train=Dataset.from_list(rows)), tokenizer, task)["train"] for rows in (
+            example_rows(20, seed=1),
+            [{"text": "the quick brown fox jumps", "label": "negative"}] * 2,  # "the" is a smoke word, the rest not
+        ))
     with caplog.at_level(logging.WARNING):
-        smoke_texts = [row["text"] for row in example_rows(20, seed=1)]
-        assert warn_of_unknown_tokens(train_split(smoke_texts), tokenizer) == 0.0
+        assert warn_of_unknown_tokens(smoke_train, tokenizer) == 0
         assert caplog.records == []
-        # "the" is in the word list; "quick brown fox jumps" is not: 4 of 5 words unknown, [CLS] and [SEP] aside.
-        assert warn_of_unknown_tokens(train_split(["the quick brown fox jumps"] * 2), tokenizer) == 0.8
+        assert warn_of_unknown_tokens(unreadable_train, tokenizer) == 0.8  # [CLS] and [SEP] aside
+        monkeypatch.setenv("RANK", "1")
+        assert warn_of_unknown_tokens(unreadable_train, tokenizer) == 0.8
     assert [record.getMessage() for record in caplog.records] == [
-        f"80% of the tokens in the first 2 train examples are unknown ([UNK]) to the tokenizer of "
-        f"{tokenizer.name_or_path}: it cannot read this data; pick a --model_name_or_path whose vocabulary covers it"
+        "80% of the tokens in the first 2 train examples are unknown ([UNK]) to the tokenizer of "
+        f"{tokenizer.name_or_path}: pick a --model_name_or_path whose vocabulary covers them"
     ]
 
 

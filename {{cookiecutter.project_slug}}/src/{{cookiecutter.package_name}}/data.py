@@ -76,8 +76,7 @@ def load_data(data_args: DataArguments, tokenizer: PreTrainedTokenizerBase, cach
                 ", ".join(f"{len(split)} {name} examples" for name, split in tokenized.items()),
                 task.problem_type, task.label_names or "none (one value per example)")
     log_truncation(tokenized, task.max_seq_length)
-    if TorchrunEnv.read().is_main_process:
-        warn_of_unknown_tokens(tokenized["train"], tokenizer)
+    warn_of_unknown_tokens(tokenized["train"], tokenizer)
     return ClassificationData(task, tokenized["train"], tokenized["validation"])
 
 
@@ -253,23 +252,17 @@ def log_truncation(tokenized: DatasetDict, max_seq_length: int) -> None:
                         split, count, len(dataset), max_seq_length)
 
 
-def warn_of_unknown_tokens(train: Dataset, tokenizer: PreTrainedTokenizerBase,
-                           sample_size: int = 1000) -> float | None:
-    """The share of unknown tokens in the first sample_size train examples, special tokens aside, with a
-    warning when over half: the model would see little but the unknown token and learn chance. None for a
-    tokenizer without an unknown token (byte-level ones read any text)."""
-    unknown = tokenizer.unk_token_id
-    if unknown is None:
-        return None
-    special = set(tokenizer.all_special_ids) - {unknown}
-    sample = train.select(range(min(sample_size, len(train))))["input_ids"]
+def warn_of_unknown_tokens(train: Dataset, tokenizer: PreTrainedTokenizerBase) -> float:
+    """The share of unknown tokens in the first 1000 train examples, special ones aside (0 for a tokenizer
+    without an unknown token: byte-level ones read any text), with a warning on rank 0 when most are."""
+    sample = train.select(range(min(1000, len(train))))["input_ids"]
+    special = set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}
     tokens = [token for ids in sample for token in ids if token not in special]
-    share = tokens.count(unknown) / len(tokens) if tokens else 0.0
-    if share > 0.5:
+    share = tokens.count(tokenizer.unk_token_id) / max(len(tokens), 1)
+    if share > 0.5 and TorchrunEnv.read().is_main_process:  # the model would learn no better than chance
         logger.warning("%.0f%% of the tokens in the first %d train examples are unknown (%s) to the "
-                       "tokenizer of %s: it cannot read this data; pick a --model_name_or_path whose "
-                       "vocabulary covers it", 100 * share, len(sample), tokenizer.unk_token,
-                       tokenizer.name_or_path)
+                       "tokenizer of %s: pick a --model_name_or_path whose vocabulary covers them",
+                       100 * share, len(sample), tokenizer.unk_token, tokenizer.name_or_path)
     return share
 
 
