@@ -15,10 +15,7 @@ if [[ -d "$REPO_ROOT/src" ]]; then
   export PYTHONPATH="$REPO_ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
-die() {
-  printf 'error: %s\n' "$*" >&2
-  exit 1
-}
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 # Under `set -e` a failing command (even a writer killed by SIGPIPE, 141) ends the script
 # silently: name it. Inside a command substitution only exit, so the line is named once.
@@ -50,7 +47,7 @@ $USAGE
   TORCH_DISABLE_SHARE_RDZV_TCP_STORE  1 gives each restart a fresh rendezvous store, so
                    that restarted workers connect (static rendezvous ignores it) [default: 1]
   OMP_NUM_THREADS  threads per process [default: the CPUs this script may use / NPROC_PER_NODE]
-  PYTHON           interpreter with torch installed  [default: python, else python3]
+  PYTHON           interpreter with torch installed  [default: .venv/bin/python, else python, python3]
   PREFLIGHT        0 skips the check of the settings and data before the workers start
   MODULE           Python module run in every process [default: $PACKAGE_NAME.train]{% if cookiecutter.include_doctor %};
                    $PACKAGE_NAME.doctor checks the set-up (versions, GPUs, network, backend,
@@ -83,13 +80,17 @@ cpu_count() {
   nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1
 }
 
-# NPROC_PER_NODE: a number, or 'auto' for one process per visible GPU.
+# NPROC_PER_NODE: a number, or 'auto' (one per visible GPU). find_spec finds torch without a slow import.
 resolve_nproc_per_node() {
   NPROC_PER_NODE="${NPROC_PER_NODE:-$DEFAULT_NPROC_PER_NODE}"
+  [[ "$NPROC_PER_NODE" == auto ]] || is_int_in_range "$NPROC_PER_NODE" 1 \
+    || die "NPROC_PER_NODE='$NPROC_PER_NODE' is not valid: expected 'auto' or an integer >= 1"
+  "$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)' \
+    || die "torch is not installed for $PYTHON: run make install (it makes .venv, which the scripts use), or activate the environment that has torch, or set PYTHON=/path/to/python"
   if [[ "$NPROC_PER_NODE" == auto ]]; then
     local gpus
     gpus="$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')" \
-      || die "NPROC_PER_NODE=auto could not count GPUs with $PYTHON (is torch installed?): set NPROC_PER_NODE to a number"
+      || die "NPROC_PER_NODE=auto could not count GPUs with $PYTHON (torch failed, see above): set NPROC_PER_NODE to a number"
     if [[ "$gpus" =~ ^[1-9][0-9]*$ ]]; then
       NPROC_PER_NODE="$gpus"
     elif [[ -n "${SLURM_JOB_ID:-}" ]]; then
@@ -100,8 +101,6 @@ resolve_nproc_per_node() {
       NPROC_PER_NODE="$(( $(cpu_count) >= 2 ? 2 : 1 ))"
     fi
   fi
-  is_int_in_range "$NPROC_PER_NODE" 1 \
-    || die "NPROC_PER_NODE='$NPROC_PER_NODE' is not valid: expected 'auto' or an integer >= 1"
   NPROC_PER_NODE="$((10#$NPROC_PER_NODE))"
 }
 
@@ -117,9 +116,11 @@ resolve_launch_settings() {
   # A file name (train.py) would also match the pattern, and python -m would not find it.
   [[ "$MODULE" =~ ^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$ && "$MODULE" != *.py ]] \
     || die "MODULE='$MODULE' is not a Python module name: expected e.g. $PACKAGE_NAME.train{% if cookiecutter.include_doctor %} or $PACKAGE_NAME.doctor{% endif %}"
+  # Unset: make install's .venv, so that a fresh shell need not activate it; else python, else python3.
   if [[ -z "${PYTHON:-}" ]]; then
-    PYTHON=python
-    command -v python >/dev/null || PYTHON=python3
+    PYTHON="$REPO_ROOT/.venv/bin/python"
+    [[ -x "$PYTHON" ]] || PYTHON=python
+    command -v "$PYTHON" >/dev/null || PYTHON=python3
   fi
   command -v "$PYTHON" >/dev/null \
     || die "PYTHON='$PYTHON' is not a command: activate the environment that has torch, or set PYTHON=/path/to/python"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import logging
 import random
 from pathlib import Path
 
@@ -17,9 +18,10 @@ from conftest import in_memory, names_from, package_module, task_of
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 
 ConfigError = names_from("config", "ConfigError")
-DataArguments, build_collator, label_names, length_grouped_steps, load_raw_datasets, tokenize_datasets = names_from(
+(DataArguments, build_collator, label_names, length_grouped_steps, load_raw_datasets, tokenize_datasets,
+ warn_of_unknown_tokens) = names_from(
     "data", "DataArguments", "build_collator", "label_names", "length_grouped_steps", "load_raw_datasets",
-    "tokenize_datasets"
+    "tokenize_datasets", "warn_of_unknown_tokens"
 )
 smoke = package_module("smoke")
 
@@ -169,6 +171,27 @@ def test_tokenize_truncates_at_max_seq_length() -> None:
     assert data["train"]["length"] == [3, 4, 5, 5, 5]
     assert [ids[-1] for ids in data["train"]["input_ids"]] == [tokenizer.sep_token_id] * 5
     assert data["train"]["truncated"] == [False, False, False, True, True]  # the 5-token one fits exactly
+
+
+def test_train_data_the_tokenizer_cannot_read_is_warned_of_in_one_line_on_rank_0(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokenizer, task = smoke.build_tokenizer(), task_of("negative", "positive")
+    smoke_train, unreadable_train = (
+        tokenize_datasets(DatasetDict(train=Dataset.from_list(rows)), tokenizer, task)["train"] for rows in (
+            example_rows(20, seed=1),
+            [{"text": "the quick brown fox jumps", "label": "negative"}] * 2,  # "the" is a smoke word, the rest not
+        ))
+    with caplog.at_level(logging.WARNING):
+        assert warn_of_unknown_tokens(smoke_train, tokenizer) == 0
+        assert caplog.records == []
+        assert warn_of_unknown_tokens(unreadable_train, tokenizer) == 0.8  # [CLS] and [SEP] aside
+        monkeypatch.setenv("RANK", "1")
+        assert warn_of_unknown_tokens(unreadable_train, tokenizer) == 0.8
+    assert [record.getMessage() for record in caplog.records] == [
+        "80% of the tokens in the first 2 train examples are unknown ([UNK]) to the tokenizer of "
+        f"{tokenizer.name_or_path}: pick a --model_name_or_path whose vocabulary covers them"
+    ]
 
 
 # ---- collator ----------------------------------------------------------------------------------

@@ -176,6 +176,25 @@ def test_bad_setting_stops_with_one_line_naming_it_before_torchrun(
     assert_stopped_before_torchrun(launcher, launcher.run(script, *args, **env), named)
 
 
+def test_without_python_set_the_scripts_run_the_projects_venv(launcher: Launcher, tmp_path: Path) -> None:
+    # make install's .venv, found from the scripts' own folder: a fresh shell has not activated it.
+    shutil.copytree(SCRIPTS, tmp_path / "repo" / "scripts")
+    venv_python = tmp_path / "repo" / ".venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    shutil.copy(launcher.bin / "python", venv_python)
+    result = launcher.run(tmp_path / "repo" / "scripts" / "train_single_node.sh", NPROC_PER_NODE="1", PYTHON=None)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[-1].startswith(f"+ {venv_python} -m {PACKAGE}.torchrun --standalone")
+
+
+def test_a_python_without_torch_stops_with_one_line_saying_make_install(launcher: Launcher, tmp_path: Path) -> None:
+    bare_python = tmp_path / "bare_python"  # this Python without its site-packages (-S): no torch
+    bare_python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    bare_python.chmod(0o755)
+    result = launcher.run("train_single_node.sh", NPROC_PER_NODE="auto", PYTHON=str(bare_python))
+    assert_stopped_before_torchrun(launcher, result, f"torch is not installed for {bare_python}: run make install")
+
+
 def test_single_node_runs_standalone_torchrun_with_config_and_flags(launcher: Launcher, config_file: str) -> None:
     result = launcher.run("train_single_node.sh", config_file, "--learning_rate", "3e-5", "--run_name", "two words",
                           NPROC_PER_NODE="3", MAX_RESTARTS="2")

@@ -16,6 +16,7 @@ from transformers import DataCollatorWithPadding, PreTrainedConfig, PreTrainedTo
 
 from .config import FILE_BUILDERS, ConfigError, DataArguments
 from .distributed import main_process_first
+from .torchrun import TorchrunEnv
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels")
 TASK_CONFIG_KEY = "classification_inputs"  # the model's config.json records the Task's inputs under this
@@ -75,6 +76,7 @@ def load_data(data_args: DataArguments, tokenizer: PreTrainedTokenizerBase, cach
                 ", ".join(f"{len(split)} {name} examples" for name, split in tokenized.items()),
                 task.problem_type, task.label_names or "none (one value per example)")
     log_truncation(tokenized, task.max_seq_length)
+    warn_of_unknown_tokens(tokenized["train"], tokenizer)
     return ClassificationData(task, tokenized["train"], tokenized["validation"])
 
 
@@ -248,6 +250,20 @@ def log_truncation(tokenized: DatasetDict, max_seq_length: int) -> None:
         if count := sum(dataset["truncated"]):
             logger.info("%s: %d of %d inputs were longer than max_seq_length %d and were truncated",
                         split, count, len(dataset), max_seq_length)
+
+
+def warn_of_unknown_tokens(train: Dataset, tokenizer: PreTrainedTokenizerBase) -> float:
+    """The share of unknown tokens in the first 1000 train examples, special ones aside (0 for a tokenizer
+    without an unknown token: byte-level ones read any text), with a warning on rank 0 when most are."""
+    sample = train.select(range(min(1000, len(train))))["input_ids"]
+    special = set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}
+    tokens = [token for ids in sample for token in ids if token not in special]
+    share = tokens.count(tokenizer.unk_token_id) / max(len(tokens), 1)
+    if share > 0.5 and TorchrunEnv.read().is_main_process:  # the model would learn no better than chance
+        logger.warning("%.0f%% of the tokens in the first %d train examples are unknown (%s) to the "
+                       "tokenizer of %s: pick a --model_name_or_path whose vocabulary covers them",
+                       100 * share, len(sample), tokenizer.unk_token, tokenizer.name_or_path)
+    return share
 
 
 class ClassificationCollator(DataCollatorWithPadding):
