@@ -44,9 +44,9 @@ def loss_scale(scaler: torch.amp.GradScaler) -> torch.Tensor:
 
 def take_back_skipped_steps(scheduler: torch.optim.lr_scheduler.LRScheduler, skipped: torch.Tensor) -> None:
     """Set the schedule back over the `skipped` steps the GradScaler skipped since the last call (a step
-    that changed no weight should not move it; until this call the rate runs those steps ahead), through
-    LRScheduler.last_epoch, which torch documents only as an argument: the steps its next step() counts
-    from. transformers' schedules are LambdaLRs: the rate follows the step count alone."""
+    that changed no weight should not move it; until this call the rate runs those steps ahead). Through
+    LRScheduler.last_epoch, the step count, which torch documents only as an argument: transformers'
+    schedules are LambdaLRs, whose rate follows the step count alone."""
     scheduler.last_epoch -= int(skipped) + 1
     scheduler.step()
     skipped.zero_()
