@@ -82,7 +82,8 @@ def test_the_dataloader_starts_its_workers_from_the_module_compat_looks_for() ->
             seen.append(compat.forking_loader_workers())
             return super().Process(*args, **kwargs)
 
-    assert list(DataLoader(range(2), num_workers=1, multiprocessing_context=RecordingContext())) == [0, 1]
+    loader = DataLoader(range(2), num_workers=1, multiprocessing_context=RecordingContext())
+    assert [batch.tolist() for batch in loader] == [[0], [1]]
     assert seen == [True], changed(f"torch's _MultiProcessingDataLoaderIter in {compat.LOADER_MODULE}",
                                    "no longer starts the loader workers from there")
     assert not compat.forking_loader_workers()
