@@ -139,6 +139,7 @@ COMMON_FILES = {
     "scripts/train_multi_node.sh",
     "scripts/train_single_node.sh",
     f"src/{PACKAGE}/__init__.py",
+    f"src/{PACKAGE}/compat.py",
     f"src/{PACKAGE}/config.py",
     f"src/{PACKAGE}/data.py",
     f"src/{PACKAGE}/device.py",
@@ -154,6 +155,7 @@ COMMON_FILES = {
     f"src/{PACKAGE}/torchrun.py",
     f"src/{PACKAGE}/worker.py",
     "tests/conftest.py",
+    "tests/test_compat.py",
     "tests/test_config.py",
     "tests/test_data.py",
     "tests/test_ddp.py",
@@ -926,8 +928,8 @@ def test_every_function_and_class_the_package_defines_is_used_by_the_project(ren
 # proofs stay in the template: tests/proofs/). src/ and its lines over 110 characters are held at the
 # counts they have come down to (README.md, "What you get"), for the default render of each loop and the
 # fullest (every yes/no answer on, a tracker): lower them as the code shrinks.
-SHELL_CAP, TESTS_CAP = 450, {"default": 3000, "fullest": 3145}
-SRC_CAP = {"default": {"native": 3233, "trainer": 2755}, "fullest": {"native": 3894, "trainer": 3380}}
+SHELL_CAP, TESTS_CAP = 450, {"default": 3000, "fullest": 3210}
+SRC_CAP = {"default": {"native": 3270, "trainer": 2806}, "fullest": {"native": 3931, "trainer": 3431}}
 LONG_LINES_CAP = {"native": 63, "trainer": 80}
 
 

@@ -277,7 +277,7 @@ def test_a_trainer_without_a_private_method_this_project_overrides_stops_the_run
 ) -> None:
     import transformers
 
-    assert name in package_module("train").ClassificationTrainer.PRIVATE_OVERRIDES
+    assert name in package_module("compat").TRAINER_OVERRIDES
     monkeypatch.delattr(transformers.Trainer, name)  # as a transformers that renamed it would be
     argv = [*smoke_flags(smoke_assets, tmp_path / "out"), "--max_steps", "1", "--save_strategy", "no"]
     line = verdict("train", argv, capsys)

@@ -13,25 +13,21 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import sys
 import threading
-import traceback
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
+from .compat import forking_loader_workers
 from .distributed import is_distributed
 
-_LOADER_MODULE = os.path.join("torch", "utils", "data", "dataloader.py")
 _held = False  # whether _hold_sigterm blocked SIGTERM for the fork under way
 
 
 def _hold_sigterm() -> None:
     global _held
-    # The fork under way starts DataLoader workers where torch's loader iterator is on the stack.
-    stack = traceback.walk_stack(sys._getframe())
-    _held = any(frame.f_code.co_filename.endswith(_LOADER_MODULE) for frame, _ in stack)
+    _held = forking_loader_workers()
     if _held:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 

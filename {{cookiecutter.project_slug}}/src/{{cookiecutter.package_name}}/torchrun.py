@@ -7,7 +7,6 @@ say whether the workers saved, not with torchrun's 30-line traceback. (With torc
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import gc
 import importlib
@@ -17,6 +16,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from .compat import clear_exit_handlers, run_exit_handlers
 
 # Exit status of a run that stopped on SIGTERM after writing its checkpoint: 128 + SIGTERM, as if
 # killed by it, so that neither torchrun nor a scheduler mistakes it for a finished run.
@@ -161,7 +162,7 @@ def run_module(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     logging.root.handlers.clear()
     logging.root.setLevel(logging.WARNING)
-    atexit._clear()
+    clear_exit_handlers()
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=True)
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
@@ -180,7 +181,7 @@ def run_module(argv: list[str]) -> None:
         traceback.print_exc()
         raise SystemExit(1) from None
     finally:
-        atexit._run_exitfuncs()
+        run_exit_handlers()
 
 
 def flush_output() -> None:
@@ -264,7 +265,7 @@ def describe(status: int | None) -> str:
 def exit_now(code: int | str | None) -> None:
     """End this process as sys.exit(code) does, but for the interpreter's teardown of torch and transformers
     (over a second on 2 CPU cores, freeing what the exit frees anyway); the exit handlers run as usual."""
-    atexit._run_exitfuncs()
+    run_exit_handlers()
     with contextlib.suppress(OSError):  # a reader that went away (`| head`) takes no more output
         if isinstance(code, str):
             print(code, file=sys.stderr)

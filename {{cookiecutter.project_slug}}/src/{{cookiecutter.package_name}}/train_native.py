@@ -35,6 +35,7 @@ from . import lora
 #% endif
 from .batching import BatchPlan, ResumableSampler, build_loader, build_train_batches
 from .checkpoint import TRAINING_STATE, Checkpointer
+from .compat import loss_scale, take_back_skipped_steps
 from .config import ConfigError, DataArguments, ModelArguments, parse_args
 from .data import ClassificationCollator, ClassificationData, build_collator, load_data
 from .device import autocast, resolve_device_settings
@@ -404,22 +405,6 @@ class LossMeter:
     def trained(self) -> tuple[float, int]:
         """Seconds since this meter started, and examples (over all ranks) up to the last flush."""
         return time.perf_counter() - self.start_time, self.samples
-
-
-def loss_scale(scaler: torch.amp.GradScaler) -> torch.Tensor:
-    """A copy of the GradScaler's scale on its device, read without waiting for the GPU as get_scale() does.
-    torch offers no public way: its private _get_scale_async is used where it exists, else get_scale()."""
-    scale = scaler._get_scale_async() if hasattr(scaler, "_get_scale_async") else None  # None: not yet set
-    return scale.clone() if scale is not None else torch.tensor(scaler.get_scale())
-
-
-def take_back_skipped_steps(scheduler: torch.optim.lr_scheduler.LRScheduler, skipped: torch.Tensor) -> None:
-    """Set the schedule back over the `skipped` steps the GradScaler skipped since the last call (a step
-    that changed no weight should not move it; until this call the rate runs those steps ahead).
-    transformers' schedules are LambdaLRs: the rate follows the step count alone."""
-    scheduler.last_epoch -= int(skipped) + 1
-    scheduler.step()
-    skipped.zero_()
 
 
 def due(strategy: str, interval: float, job: Job, end_of_epoch: bool) -> bool:

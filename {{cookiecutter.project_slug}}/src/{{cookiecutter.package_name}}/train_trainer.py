@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import transformers
 from torch.utils.data import Sampler
 from transformers import EvalPrediction, Trainer, TrainerCallback, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -28,6 +27,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 #% if cookiecutter.include_lora
 from . import lora
 #% endif
+from .compat import base_dataloader, check_private_overrides
 from .config import (
     BATCH_PLAN,
     ConfigError,
@@ -279,15 +279,13 @@ class EpochSeededLengthGroupedSampler(Sampler[int]):
 def with_loader_workers_kept_through_sigterm(loader):
     """The loader, its workers started with stopping.keep_through_sigterm. accelerate's prepared loader
     wraps the DataLoader that starts them (base_dataloader): the worker_init_fn must be set on that one."""
-    inner = getattr(loader, "base_dataloader", loader)
+    inner = base_dataloader(loader)
     inner.worker_init_fn = keep_through_sigterm(inner.worker_init_fn)
     return loader
 
 
 class ClassificationTrainer(Trainer):
-    # Private Trainer methods overridden below: no public hook does what they do. Were one renamed upstream,
-    # the override would be dead code and its fix silently gone; check_private_overrides stops the run instead.
-    PRIVATE_OVERRIDES = ("_get_train_sampler", "_get_eval_sampler", "_run_epoch")
+    # The private Trainer methods it overrides are named, and checked, in compat.TRAINER_OVERRIDES.
 
     def get_train_dataloader(self):
         return with_loader_workers_kept_through_sigterm(super().get_train_dataloader())
@@ -313,19 +311,8 @@ class ClassificationTrainer(Trainer):
         return None
 
 
-def check_private_overrides(trainer_class: type[Trainer] = ClassificationTrainer) -> None:
-    """Refuse a transformers whose Trainer lacks a private method this project overrides."""
-    missing = [name for name in trainer_class.PRIVATE_OVERRIDES if not callable(getattr(Trainer, name, None))]
-    if missing:
-        raise ConfigError(
-            f"transformers {transformers.__version__}: Trainer has no {', '.join(missing)}, which this project's "
-            f"{trainer_class.__name__} overrides (train.py); its fix would be skipped. Install the "
-            "transformers version pyproject.toml allows, or port the override"
-        )
-
-
 def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> Trainer:
-    check_private_overrides()
+    check_private_overrides(ClassificationTrainer)
     tokenizer = load_tokenizer(model_args)
     data = load_data(data_args, tokenizer, model_args.cache_dir, args.seed)
     if args.do_train:
