@@ -5,11 +5,13 @@ The answers arrive as data: one JSON literal (``ANSWERS_JSON``), never pasted in
 
 Steps, in order:
 
-1. Keep the chosen files (``PER_LOOP_FILES``, ``KEPT_ONLY_WHEN``): the chosen loop's
-   ``<name>_<loop>.py`` becomes ``<name>.py`` and the other loop's is deleted, and a
-   file kept only for an answer (native-only modules, the sbatch script and its logs/
-   folder, the container and Kubernetes files) is deleted for any other, with a folder
-   it leaves empty. A file this step expects but cannot find is a template bug: refused.
+1. Keep the chosen files (``PER_LOOP_FILES``, ``PER_LOOP_AND_FSDP_FILES``,
+   ``KEPT_ONLY_WHEN``): the chosen loop's ``<name>_<loop>.py`` becomes ``<name>.py`` and the
+   other loop's is deleted, as does the chosen ``parallel_<loop>_<ddp|fsdp>.py`` (include_fsdp)
+   of the four; and a file kept only for an answer (native-only modules, the sbatch script and
+   its logs/ folder, the container and Kubernetes files, FSDP's tests) is deleted for any
+   other, every version of it, with a folder it leaves empty. A file this step expects but
+   cannot find is a template bug: refused.
 2. Make ``scripts/*.sh`` and ``scripts/*.sbatch`` executable.
 3. Refuse the project if any text file still holds unrendered template text: a
    double-brace expression or a block tag that names ``cookiecutter``. Answers may
@@ -27,6 +29,7 @@ exits 1; cookiecutter then deletes the project folder if it created it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -61,14 +64,22 @@ PER_LOOP_FILES = (
     "src/{package}/train.py",
     "src/{package}/training_args.py",
     "tests/ddp_probe.py",
+    "tests/test_parallel.py",
     "tests/test_training_args.py",
 )
-# Files kept only when an answer has this value, deleted otherwise.
+# The template ships <name>_<loop>_<ddp|fsdp>.py for each loop and include_fsdp; the project gets <name>.py:
+# parallel.py, how the loop spreads the model over the processes, with DDP alone or also FSDP.
+PER_LOOP_AND_FSDP_FILES = ("src/{package}/parallel.py",)
+# How the answers that choose a file's version read in its name.
+FILE_CHOICES = {
+    "training_loop": {loop: loop for loop in TRAINING_LOOPS},
+    "include_fsdp": {False: "ddp", True: "fsdp"},
+}
+# Files kept only when an answer has this value, deleted otherwise (of a file above: every version).
 KEPT_ONLY_WHEN = {
     ("training_loop", "native"): (
         "src/{package}/batching.py",
         "src/{package}/checkpoint.py",
-        "src/{package}/sharding.py",
         "src/{package}/trackers.py",
         "tests/test_batching.py",
         "tests/test_native_loop.py",
@@ -78,23 +89,45 @@ KEPT_ONLY_WHEN = {
         "logs/.gitkeep",
     ),
     ("include_kubernetes", True): ("Dockerfile", ".dockerignore", "k8s/trainjob.yaml"),
+    ("include_fsdp", True): ("tests/test_parallel.py",),  # FSDP's tests (DDP is every other test's)
 }
+
+
+def versions(path: PurePosixPath, variables: tuple[str, ...]) -> dict[str, tuple[object, ...]]:
+    """{the template's name of each version of path: the answers (to variables) that choose it}."""
+    choices = itertools.product(*(FILE_CHOICES[variable].items() for variable in variables))
+    return {
+        path.with_stem("_".join([path.stem, *(name for _, name in choice)])).as_posix(): tuple(
+            value for value, _ in choice
+        )
+        for choice in choices
+    }
 
 
 def chosen_file_moves(answers: Mapping[str, object]) -> tuple[dict[str, str], list[str]]:
     """Return ({source: destination} renames, [deletions]) as project-relative paths."""
+    package = answers["package_name"]
+    dropped = [
+        pattern.format(package=package)
+        for (variable, value), patterns in KEPT_ONLY_WHEN.items()
+        if answers[variable] != value
+        for pattern in patterns
+    ]
+    chosen_by = {
+        **dict.fromkeys(PER_LOOP_FILES, ("training_loop",)),
+        **dict.fromkeys(PER_LOOP_AND_FSDP_FILES, ("training_loop", "include_fsdp")),
+    }
     renames, deletions = {}, []
-    for pattern in PER_LOOP_FILES:
-        path = PurePosixPath(pattern.format(package=answers["package_name"]))
-        for loop in TRAINING_LOOPS:
-            source = path.with_stem(f"{path.stem}_{loop}").as_posix()
-            if loop == answers["training_loop"]:
-                renames[source] = path.as_posix()
+    for pattern, variables in chosen_by.items():
+        path = pattern.format(package=package)
+        chosen = tuple(answers[variable] for variable in variables)
+        for source, choice in versions(PurePosixPath(path), variables).items():
+            if choice == chosen and path not in dropped:
+                renames[source] = path
             else:
                 deletions.append(source)
-    for (variable, value), patterns in KEPT_ONLY_WHEN.items():
-        if answers[variable] != value:
-            deletions += [pattern.format(package=answers["package_name"]) for pattern in patterns]
+    versioned = {pattern.format(package=package) for pattern in chosen_by}
+    deletions += [path for path in dropped if path not in versioned]  # those: their versions, above
     return renames, list(dict.fromkeys(deletions))  # a file kept under two conditions is deleted once
 
 
@@ -104,7 +137,7 @@ def keep_chosen_files(project: Path, answers: Mapping[str, object]) -> None:
     if missing:
         raise TemplateBug(
             f"missing {', '.join(missing)}; the template must ship every file that"
-            " PER_LOOP_FILES and KEPT_ONLY_WHEN in hooks/post_gen_project.py name"
+            " PER_LOOP_FILES, PER_LOOP_AND_FSDP_FILES and KEPT_ONLY_WHEN in hooks/post_gen_project.py name"
         )
     for source, destination in renames.items():
         os.replace(project / source, project / destination)

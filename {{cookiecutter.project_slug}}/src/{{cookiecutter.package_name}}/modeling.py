@@ -223,19 +223,6 @@ def is_lora(model: torch.nn.Module) -> bool:
     return isinstance(model, PeftModel)
 
 
-def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The repeated blocks FSDP shards one by one: the ModuleList of one class holding the most weights
-    (BERT's encoder.layer, GPT-2's h, Llama's layers). transformers' _no_split_modules names them for some
-    families only (DistilBERT, ELECTRA and DeBERTa-v2 leave it empty)."""
-    lists = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList)
-             and len({type(block) for block in module}) == 1 and any(True for _ in module.parameters())]
-    if not lists:
-        name = type(classifier_of(model)).__name__
-        raise ConfigError(f"--fsdp: found no list of repeated transformer blocks in {name} to shard one by "
-                          "one; train it without --fsdp")
-    return max(lists, key=lambda blocks: sum(p.numel() for p in blocks.parameters()))
-
-
 def check_same_lora(checkpoint: Path, lora_r: int) -> None:
     """Refuse to resume a LoRA checkpoint (adapters only) without LoRA or at another rank, or the reverse."""
     adapter_config = checkpoint / ADAPTER_CONFIG
