@@ -1,9 +1,10 @@
 """Every supported combination renders a clean project; unsupported ones are refused.
 
 Supported: the full product training_loop x include_slurm x mixed_precision
-(2 x 2 x 4 = 16), with include_kubernetes chosen for two of the four precisions, so
-that the 16 renders also hold every training_loop x include_slurm x include_kubernetes
-file set; each is rendered once per session with the same non-default name, model,
+(2 x 2 x 4 = 16), with include_kubernetes chosen for two of the four precisions and
+include_fsdp for two others across them, so that the 16 renders also hold every
+training_loop x include_slurm x include_kubernetes x include_fsdp file set; each is
+rendered once per session with the same non-default name, model,
 dataset and columns, so nothing can pass by being the default. Each render gets the
 exact file set, the chosen loop's files, run bits, no template leftovers, ruff,
 ``bash -n`` and shellcheck, TOML/YAML parsing, and the recorded answers; one render per
@@ -64,36 +65,42 @@ class Combination(NamedTuple):
     mixed_precision: str
     include_kubernetes: bool = False
     experiment_tracker: str = "none"
+    include_fsdp: bool = False
 
     @property
     def id(self) -> str:
         slurm = "slurm" if self.include_slurm else "no-slurm"
         kubernetes = "-k8s" if self.include_kubernetes else ""
         tracker = "" if self.experiment_tracker == "none" else f"-{self.experiment_tracker}"
-        return f"{self.training_loop}-{slurm}-{self.mixed_precision}{kubernetes}{tracker}"
+        fsdp = "-fsdp" if self.include_fsdp else ""
+        return f"{self.training_loop}-{slurm}-{self.mixed_precision}{kubernetes}{tracker}{fsdp}"
 
     @property
     def answers(self) -> dict[str, object]:
         return {**BASE_ANSWERS, **self._asdict()}
 
 
-# Kubernetes only adds files, independent of the other answers: rather than double the
-# renders, half the precisions take it.
+# Kubernetes and FSDP only choose files, independent of the other answers: rather than double the
+# renders twice, half the precisions take each, crossed so that the four precisions hold all four pairs.
 KUBERNETES_PRECISIONS = ("bf16", "no")
+FSDP_PRECISIONS = ("fp16", "no")
 SUPPORTED = [
-    Combination(loop, slurm, precision, precision in KUBERNETES_PRECISIONS)
+    Combination(loop, slurm, precision, precision in KUBERNETES_PRECISIONS,
+                include_fsdp=precision in FSDP_PRECISIONS)
     for loop, slurm, precision in itertools.product(
         ["trainer", "native"], [True, False], ["auto", "bf16", "fp16", "no"]
     )
 ]
-# One per file set: precision only edits YAML.
-FILE_SET_RUNS = [combo for combo in SUPPORTED if combo.mixed_precision in ("auto", "bf16")]
+# One per file set: precision only edits YAML (here every supported render is a file set of its own).
+FILE_SET_RUNS = SUPPORTED
 # One render per loop, each with the SLURM script, whose tests run it under a real SLURM (without it,
-# a render only lacks those files; precision only edits YAML).
+# a render only lacks those files; precision only edits YAML), and with FSDP, whose proofs run there.
 SUITE_RUNS = [
-    Combination("trainer", True, "auto"),
-    Combination("native", True, "auto"),
+    Combination("trainer", True, "auto", include_fsdp=True),
+    Combination("native", True, "auto", include_fsdp=True),
 ]
+# Without FSDP, the loop's parallel.py is DDP's alone: each loop's render runs its own fast tests.
+DDP_ONLY_SUITE_RUNS = [Combination("trainer", True, "auto"), Combination("native", True, "auto")]
 # The tracker only adds a dependency, a config line and a README section: one render for each
 # tracker but none (the default of every render above), the loops and file sets mixed.
 TRACKER_RUNS = [
@@ -168,10 +175,13 @@ PER_LOOP_FILES = {
     "tests/ddp_probe.py",
     "tests/test_training_args.py",
 }
+# <name>_<loop>_<ddp|fsdp>.py in the template: the loop's, with DDP alone or also FSDP (include_fsdp).
+PER_LOOP_AND_FSDP_FILES = {f"src/{PACKAGE}/parallel.py"}
+# Also <name>_<loop>.py in the template, kept only with include_fsdp.
+FSDP_ONLY_FILES = {"tests/test_parallel.py"}
 NATIVE_ONLY_FILES = {
     f"src/{PACKAGE}/batching.py",
     f"src/{PACKAGE}/checkpoint.py",
-    f"src/{PACKAGE}/sharding.py",
     f"src/{PACKAGE}/trackers.py",
     "tests/test_batching.py",
     "tests/test_native_loop.py",
@@ -184,9 +194,11 @@ LAUNCHERS = {"scripts/train_single_node.sh", "scripts/train_multi_node.sh"}
 
 
 def expected_files(combo: Combination) -> set[str]:
-    files = COMMON_FILES | PER_LOOP_FILES
+    files = COMMON_FILES | PER_LOOP_FILES | PER_LOOP_AND_FSDP_FILES
     if combo.training_loop == "native":
         files |= NATIVE_ONLY_FILES
+    if combo.include_fsdp:
+        files |= FSDP_ONLY_FILES
     if combo.include_slurm:
         files |= SLURM_ONLY_FILES
     if combo.include_kubernetes:
@@ -235,13 +247,14 @@ def test_supported_combinations_cover_every_choice_product_and_file_set(default_
     assert {combo[:3] for combo in SUPPORTED} == set(
         itertools.product(loops, booleans, config["mixed_precision"])
     )
+    assert isinstance(config["include_fsdp"], bool)
     file_sets = {
-        (combo.training_loop, combo.include_slurm, combo.include_kubernetes)
+        (combo.training_loop, combo.include_slurm, combo.include_kubernetes, combo.include_fsdp)
         for combo in SUPPORTED
     }
-    assert file_sets == set(itertools.product(loops, booleans, booleans))
+    assert file_sets == set(itertools.product(loops, booleans, booleans, booleans))
     assert len(SUPPORTED) == len(set(SUPPORTED)) == 16
-    replayed = {(c.training_loop, c.include_slurm, c.include_kubernetes) for c in FILE_SET_RUNS}
+    replayed = {(c.training_loop, c.include_slurm, c.include_kubernetes, c.include_fsdp) for c in FILE_SET_RUNS}
     assert replayed == file_sets and len(FILE_SET_RUNS) == len(file_sets)
     for combo in SUPPORTED:
         answers = recorded_answers(combo, default_answers)
@@ -275,9 +288,12 @@ def test_per_loop_files_are_the_chosen_loops_template_files(
     project = rendered(combo)
     answers = recorded_answers(combo, default_answers)
     env = create_env_with_context({"cookiecutter": answers})
-    for name in sorted(PER_LOOP_FILES):
+    per_loop = PER_LOOP_FILES | (FSDP_ONLY_FILES if combo.include_fsdp else set())
+    chosen = {name: [combo.training_loop] for name in per_loop}
+    chosen |= {name: [combo.training_loop, "fsdp" if combo.include_fsdp else "ddp"] for name in PER_LOOP_AND_FSDP_FILES}
+    for name, choices in sorted(chosen.items()):
         path = PROJECT_TEMPLATE / name.replace(PACKAGE, "{{cookiecutter.package_name}}")
-        source = path.with_stem(f"{path.stem}_{combo.training_loop}")
+        source = path.with_stem("_".join([path.stem, *choices]))
         text = source.read_text(encoding="utf-8")
         expected = env.from_string(text).render(cookiecutter=answers)
         assert (project / name).read_text(encoding="utf-8") == expected, name
@@ -468,11 +484,11 @@ README_TEXT_ONLY_FOR = {
     ("training_loop", "native"): [
         "`batching.py`",
         "`checkpoint.py`",
-        "`sharding.py`",
         "`trackers.py`",
         "the `GradScaler` skipped",
         "any other is refused by the parser",
     ],
+    ("include_fsdp", True): ["--fsdp", "FSDP"],
     ("experiment_tracker", "tensorboard"): ["tensorboard --logdir", "TENSORBOARD_LOGGING_DIR"],
     ("experiment_tracker", "wandb"): ["wandb sync", "WANDB_MODE", "offline-run-"],
     ("experiment_tracker", "mlflow"): ["mlflow ui", "MLFLOW_TRACKING_URI", "mlflow.db"],
@@ -646,6 +662,7 @@ def summary_counts(output: str) -> dict[str, int]:
 PROOFS = TEMPLATE_DIR / "tests" / "proofs"
 SLURM_PROOFS = ["slurm_cluster.py", "test_slurm.py", "test_slurm_cluster.py", "slow_steps.py"]
 NATIVE_PROOFS = ["test_native_resume.py", "test_fsdp.py"]
+FSDP_PROOFS = ["test_fsdp.py"]  # test_slurm.py's and test_gpu_node.py's FSDP tests skip themselves without it
 # Tests of SLURM's own behaviour, which never import the package: the first suite run proves them.
 LOOP_INDEPENDENT_TESTS = ["tests/test_slurm_cluster.py"]
 
@@ -663,6 +680,8 @@ def add_proofs(project: Path, combo: Combination) -> None:
         if path.name in SLURM_PROOFS and not combo.include_slurm:
             continue
         if path.name in NATIVE_PROOFS and combo.training_loop != "native":
+            continue
+        if path.name in FSDP_PROOFS and not combo.include_fsdp:
             continue
         if path.is_dir():
             shutil.copytree(path, project / "tests" / path.name)
@@ -708,35 +727,86 @@ def stop_and_describe(process: subprocess.Popen) -> str:
     return "Its processes:\n" + "\n".join(reports) + f"\nIts output:\n{output[-6000:]}"
 
 
-@pytest.mark.rendered_suite
-@pytest.mark.parametrize("combo", combination_params(SUITE_RUNS))
-def test_rendered_repo_passes_its_own_test_suite_and_the_template_proofs(rendered, combo, tmp_path):
-    # A copy, so the run's caches and outputs never reach the shared render.
-    project = Path(shutil.copytree(rendered(combo), tmp_path / SLUG))
-    add_proofs(project, combo)
+def run_make(project: Path, target: str, args: list[str]) -> str:
+    """`make <target>` in a rendered project, as its README tells a user; its output, once it passed."""
     env = {
         name: value
         for name, value in os.environ.items()
         if name not in {"PYTHONPATH", "PYTEST_ADDOPTS", "PYTEST_PLUGINS", "MAKEFLAGS", "MFLAGS", "MAKELEVEL"}
     }
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    # What its README tells a user to run, make test-all (pytest-xdist workers, each module on one), which
-    # runs the proofs too, ordered and grouped by their plugin (tests/proofs/proof_scheduling.py).
-    args = ["-q", "-x", "-p", "no:cacheprovider", "-p", "proof_scheduling"]
-    if combo != SUITE_RUNS[0]:
-        args += [f"--ignore={name}" for name in LOOP_INDEPENDENT_TESTS]
-    command = ["make", "test-all", f"PYTHON={sys.executable}", f"ARGS={' '.join(args)}"]
+    command = ["make", target, f"PYTHON={sys.executable}", f"ARGS={' '.join(args)}"]
     process = subprocess.Popen(
         command, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
         output, _ = process.communicate(timeout=SUITE_TIMEOUT)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"make test-all ran past {SUITE_TIMEOUT} s. {stop_and_describe(process)}")
+        pytest.fail(f"make {target} ran past {SUITE_TIMEOUT} s. {stop_and_describe(process)}")
     counts = summary_counts(output)
     assert process.returncode == 0, output[-12000:]
     assert counts["failed"] == 0 and counts["errors"] == 0, counts
     assert counts["passed"] > 0, counts
+    return output
+
+
+@pytest.mark.rendered_suite
+@pytest.mark.parametrize("combo", combination_params(SUITE_RUNS))
+def test_rendered_repo_passes_its_own_test_suite_and_the_template_proofs(rendered, combo, tmp_path):
+    # A copy, so the run's caches and outputs never reach the shared render.
+    project = Path(shutil.copytree(rendered(combo), tmp_path / SLUG))
+    add_proofs(project, combo)
+    # What its README tells a user to run, make test-all (pytest-xdist workers, each module on one), which
+    # runs the proofs too, ordered and grouped by their plugin (tests/proofs/proof_scheduling.py).
+    args = ["-q", "-x", "-p", "no:cacheprovider", "-p", "proof_scheduling"]
+    if combo != SUITE_RUNS[0]:
+        args += [f"--ignore={name}" for name in LOOP_INDEPENDENT_TESTS]
+    run_make(project, "test-all", args)
+
+
+@pytest.mark.rendered_suite
+@pytest.mark.parametrize("combo", combination_params(DDP_ONLY_SUITE_RUNS))
+def test_rendered_repo_without_fsdp_passes_its_own_tests_before_a_commit(rendered, combo, tmp_path):
+    # make test, the tier a user runs before a commit: the suite above runs renders with FSDP, whose
+    # parallel.py is another file than this default one.
+    project = Path(shutil.copytree(rendered(combo), tmp_path / SLUG))
+    run_make(project, "test", ["-q", "-x", "-p", "no:cacheprovider"])
+
+
+@pytest.mark.parametrize("loop", ["trainer", "native"])
+def test_without_fsdp_its_flags_are_refused_in_one_error_line(rendered, loop):
+    # The native loop's parser has no such flag; the Trainer's TrainingArguments inherits transformers' own,
+    # which parallel.py refuses while parsing.
+    project = rendered(Combination(loop, True, "auto"))
+    refused = {
+        "--fsdp": "true",
+        "--fsdp_config": "fsdp.json",
+    }
+    for flag, value in refused.items():
+        result = subprocess.run(
+            [sys.executable, "-m", f"{PACKAGE}.train", "--model_name_or_path", "m", "--train_file", "t.jsonl",
+             flag, value],
+            cwd=project, env={**os.environ, "PYTHONPATH": "src"}, capture_output=True, text=True, timeout=300,
+        )
+        assert result.returncode == 2
+        expected = (f"unrecognized arguments: {flag} {value} (see --help for the flags it takes)"
+                    if loop == "native" else
+                    f"{flag} {value}: this project was generated to train with DDP alone (include_fsdp no); drop "
+                    "the flag, or generate it again with include_fsdp yes")
+        assert result.stderr == f"error: {expected}\n"
+
+
+@pytest.mark.parametrize("combo", combination_params([c for c in FILE_SET_RUNS if not c.include_fsdp]))
+def test_without_fsdp_no_file_holds_fsdp_code_or_text(rendered, combo):
+    # But the Trainer's parallel.py, which refuses transformers' own --fsdp, and the recorded answers.
+    project = rendered(combo)
+    allowed = {".cookiecutter.json"} | ({f"src/{PACKAGE}/parallel.py"} if combo.training_loop == "trainer" else set())
+    found = sorted(
+        name for name in relative_files(project) - allowed
+        if re.search(r"fsdp|fully_shard|DTensor|reduce.scatter", (project / name).read_text("utf-8", "replace"),
+                     re.IGNORECASE)
+    )
+    assert found == []
 
 
 @pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS))
