@@ -1,6 +1,5 @@
-"""The native loop's step, in this process (no torchrun): a loader shorter than the batch plan, a step
-the fp16 GradScaler skips, and what a checkpoint must hold. Resume, accumulation and checkpoints on two
-processes, trained for real: the template's proofs."""
+"""The native loop's step in this process (no torchrun): a loader shorter than the batch plan, a step the fp16
+GradScaler skips, what a checkpoint must hold. Two processes, trained for real: the template's proofs."""
 
 from __future__ import annotations
 

@@ -1,45 +1,25 @@
-"""parallel.py's --fsdp in the native loop, in this process (no torchrun): its flag and the settings it refuses,
-and a run of one process, which shards nothing. FSDP on two processes, trained for real: the template's proofs.
-"""
+"""parallel.py's --fsdp in this process (two, trained for real: the template's proofs)."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
-from conftest import REQUIRED, package_module
+from conftest import package_module
 from test_native_loop import build_job  # noqa: F401 - a fixture of this module too
+from test_training_args import ConfigError, parse
 
-config = package_module("config")
-ConfigError = config.ConfigError
-TrainingArguments = package_module("training_args").TrainingArguments
 parallel = package_module("parallel")
-
-# --fsdp refuses a torch older than parallel.FSDP_SINCE.
-needs_fsdp_torch = pytest.mark.skipif(torch.__version__ < parallel.FSDP_SINCE,
-                                      reason="--fsdp needs a newer torch (parallel.FSDP_SINCE)")
-
-
-def parse(*flags: str) -> TrainingArguments:
-    return config.parse_args(TrainingArguments, [*REQUIRED, *flags])[2]
-
-
-def test_fsdp_is_off_by_default_so_ddp_stays() -> None:
-    """transformers' --fsdp is a string of FSDP options; here true or false."""
-    assert parse().fsdp is False
+needs_fsdp_torch = pytest.mark.skipif(torch.__version__ < parallel.FSDP_SINCE, reason="--fsdp needs a newer torch")
 
 
 @needs_fsdp_torch
-@pytest.mark.parametrize(("flag", "value", "default"), [
-    ("--ddp_find_unused_parameters", "true", "False"), ("--ddp_bucket_cap_mb", "50", "None"),
-    ("--ddp_broadcast_buffers", "true", "False"),
-])
-def test_fsdp_refuses_the_ddp_settings_it_would_ignore(flag: str, value: str, default: str) -> None:
-    assert parse("--fsdp", "true").fsdp
-    parsed_value = value.capitalize() if default == "False" else value  # as the message prints the parsed bool
-    message = f"{flag} {parsed_value} is a DDP setting, which --fsdp does not use; leave it at {default}"
-    with pytest.raises(ConfigError, match=re.escape(message)):
+@pytest.mark.parametrize(("flag", "value", "parsed", "default"), [
+    ("--ddp_find_unused_parameters", "true", "True", "False"), ("--ddp_bucket_cap_mb", "50", "50", "None"),
+    ("--ddp_broadcast_buffers", "true", "True", "False")])
+def test_fsdp_is_off_by_default_and_refuses_the_ddp_settings_it_would_ignore(flag, value, parsed, default) -> None:
+    assert parse().fsdp is False and parse("--fsdp", "true").fsdp  # transformers' fsdp: a string of options
+    with pytest.raises(ConfigError, match=f"^{flag} {parsed} is a DDP setting, which --fsdp does not use; leave "
+                                          f"it at {default} or train without --fsdp$"):
         parse("--fsdp", "true", flag, value)
 
 
@@ -51,7 +31,6 @@ def test_fsdp_is_refused_with_a_torch_whose_fsdp2_trains_to_other_weights(monkey
 
 @needs_fsdp_torch
 def test_fsdp_on_one_process_trains_the_whole_model_after_finding_its_blocks(build_job, caplog) -> None:  # noqa: F811
-    """The config of a multi-GPU FSDP run, debugged on one process: accepted, and nothing is sharded."""
     with caplog.at_level("INFO"):
         job = build_job("--fsdp", "true")
     assert job.model is job.module and not parallel.is_sharded(job.module)

@@ -18,7 +18,6 @@ from conftest import PACKAGE, REQUIRED, package_module, run_env, run_python
 config = package_module("config")
 ConfigError = config.ConfigError
 TrainingArguments = package_module("training_args").TrainingArguments
-# The flags of parallel.py (ParallelArguments), where it has any, are its own tests' (test_parallel.py).
 PARALLEL_FLAGS = {field.name for field in dataclasses.fields(package_module("parallel").ParallelArguments)}
 
 # The project's own flag; the Trainer variant adds it to transformers.TrainingArguments as well.
@@ -57,8 +56,9 @@ def test_every_flag_has_a_transformers_namesake() -> None:
 
 def test_defaults_follow_transformers_except_the_documented_ones() -> None:
     theirs = {field.name: transformers_default(field) for field in dataclasses.fields(transformers.TrainingArguments)}
+    # parallel.py's own flags (ParallelArguments), where it has any, are its tests' (test_parallel.py).
     ours = {field.name: field.default for field in dataclasses.fields(TrainingArguments)
-            if field.name in theirs and field.name not in PARALLEL_FLAGS}
+            if field.name in theirs.keys() - PARALLEL_FLAGS}
     differing = {name: default for name, default in ours.items() if default != theirs[name]}
     # transformers takes fused AdamW by default from torch 2.8 on; this loop on every torch it supports.
     fused = {} if theirs["optim"] == "adamw_torch_fused" else {"optim": "adamw_torch_fused"}

@@ -1,14 +1,9 @@
-"""How the native loop runs one model on many processes: DistributedDataParallel (DDP).
+"""How the native loop spreads the model over the processes: DistributedDataParallel (DDP). train.py calls
+only this module (as torchtitan's trainer its parallelize_fn): it wraps the model and says how to step, sync
+and save.
 
-DDP keeps the whole model on every process: each rank computes the gradients of its own batch, DDP
-averages them over the ranks with all-reduces during backward, and every rank steps its own copy with the
-same averaged gradients, so the copies stay identical.
-
-train.py calls only what this module defines, never DDP itself (as torchtitan's trainer calls its
-parallelize_fn): `parallelize` wraps the model; at each step `autocast_precision`, `grad_scaler` and
-`gradient_sync` say how to compute and when to sync; `check_gradients` proves the ranks in step after the
-first; `whole_weights` and `final_weights` give evaluation, predict and the final save their weights.
-`ParallelArguments` is what training_args.TrainingArguments takes from here.
+DDP keeps the whole model on every rank: gradients are averaged over the ranks with all-reduces during
+backward, and every rank steps its own copy with them, so the copies stay identical.
 """
 
 from __future__ import annotations

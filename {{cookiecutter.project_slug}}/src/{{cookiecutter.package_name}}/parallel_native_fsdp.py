@@ -1,17 +1,9 @@
-"""How the native loop runs one model on many processes: DistributedDataParallel (DDP) by default, or with
---fsdp the model sharded over the ranks by FSDP2 (torch.distributed.fsdp.fully_shard).
+"""How the native loop spreads the model over the processes: DDP, or with --fsdp FSDP2 (fully_shard). train.py
+calls only this module (as torchtitan's trainer its parallelize_fn): it wraps the model, says how to step,
+sync and save, and adds --fsdp to training_args.TrainingArguments.
 
-DDP keeps the whole model on every process: each rank computes the gradients of its own batch, DDP
-averages them over the ranks with all-reduces during backward, and every rank steps its own copy with the
-same averaged gradients, so the copies stay identical. FSDP2 keeps 1/world_size of the weights, gradients
-and AdamW's moments on each, as DTensor shards: each transformer block is gathered whole for its forward
-and backward, gradients arrive averaged and sharded (a reduce-scatter), and AdamW steps the shards.
-
-train.py calls only what this module defines, never DDP or FSDP itself (as torchtitan's trainer calls its
-parallelize_fn): `parallelize` wraps or shards the model; at each step `autocast_precision`, `grad_scaler`
-and `gradient_sync` say how to compute and when to sync; `check_gradients` proves the ranks in step after
-the first; `whole_weights` and `final_weights` give evaluation, predict and the final save their weights.
-`ParallelArguments` is what training_args.TrainingArguments takes from here: --fsdp.
+DDP keeps whole weights, gradients and AdamW's moments on every rank; FSDP2 keeps 1/world_size of each, as
+DTensor shards: gradients arrive averaged and sharded (a reduce-scatter), and AdamW steps the shards.
 """
 
 from __future__ import annotations
@@ -54,8 +46,7 @@ class ParallelArguments:
     fsdp: bool = flag(False, "Shard weights, grads, AdamW (FSDP2).")
 
     def check_parallel_settings(self) -> None:
-        """Under --fsdp, refuse rather than silently ignore DDP's own settings; and a torch whose FSDP2 trains
-        otherwise."""
+        """Refuse, rather than ignore, DDP's own settings; and a torch whose FSDP2 trains otherwise."""
         if not self.fsdp:
             return
         for name in ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers"):
@@ -64,14 +55,13 @@ class ParallelArguments:
                 raise ConfigError(f"--{name} {value} is a DDP setting, which --fsdp does not use; "
                                   f"leave it at {default} or train without --fsdp")
         if torch.__version__ < FSDP_SINCE:
-            raise ConfigError(f"--fsdp needs torch {FSDP_SINCE} or newer (this is {torch.__version__}, on which "
-                              "FSDP2 trains to other weights); upgrade torch or train without --fsdp")
+            raise ConfigError(f"--fsdp needs torch {FSDP_SINCE} or newer (this is {torch.__version__}, on "
+                              "which FSDP2 trains to other weights); upgrade torch or train without --fsdp")
 
 
 def parallelize(module: torch.nn.Module, args: TrainingArguments, env: TorchrunEnv, device: torch.device,
                 precision: str) -> torch.nn.Module:
-    """What the loop calls: with --fsdp on several processes the module, sharded in place; else the module in
-    DDP when there are several processes, else the module itself."""
+    """What the loop calls: the module sharded in place (--fsdp), in DDP, or itself on one process."""
     if args.fsdp and env.world_size > 1:
         return shard_model(module, device, env.world_size, precision)
     if args.fsdp:  # the same config on one GPU, to debug: refused or accepted as on many
@@ -105,8 +95,7 @@ def shard_model(model: torch.nn.Module, device: torch.device, world_size: int, p
     Mixed precision is FSDP's own: each block is gathered and computes in bf16 or fp16 (param_dtype), its
     gradients are reduced in fp32 (reduce_dtype), and the shards AdamW steps stay fp32. autocast is not
     used on top (autocast_precision), as torchtitan does. Each rank keeps its slice of its own copy, where
-    DDP broadcasts rank 0's: the copies must be equal, as train.build_job makes them (the same seed
-    everywhere).
+    DDP broadcasts rank 0's: the copies are equal, as build_job seeds every rank alike.
     """
     mesh = init_device_mesh(device.type, (world_size,))  # explicit: CPU (gloo) too, not CUDA only
     policy = MixedPrecisionPolicy(param_dtype=DTYPES[precision], reduce_dtype=torch.float32)
@@ -126,7 +115,7 @@ def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
     lists = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList)
              and len({type(block) for block in module}) == 1 and any(True for _ in module.parameters())]
     if not lists:
-        from .modeling import classifier_of  # here: training_args imports this module, and needs no model code
+        from .modeling import classifier_of  # here: training_args imports this module, needing no model
 
         name = type(classifier_of(model)).__name__
         raise ConfigError(f"--fsdp: found no list of repeated transformer blocks in {name} to shard one by "
@@ -139,42 +128,30 @@ def is_sharded(model: torch.nn.Module) -> bool:
 
 
 def grad_scaler(model: torch.nn.Module, precision: str) -> torch.amp.GradScaler | None:
-    """fp16 only: loss scaling keeps small gradients from flushing to zero. Under FSDP a rank sees its
-    shards' overflow alone: ShardedGradScaler agrees on it over the ranks."""
+    """fp16 only. Under FSDP a rank sees its shards' overflow alone: ShardedGradScaler agrees on it."""
     if precision != "fp16":
         return None
     return ShardedGradScaler("cuda") if is_sharded(model) else torch.amp.GradScaler("cuda")
 
 
 def autocast_precision(model: torch.nn.Module, precision: str) -> str:
-    """The precision the forward runs in under autocast: the run's, but none under FSDP, whose
-    MixedPrecisionPolicy casts instead (shard_model)."""
-    return "no" if is_sharded(model) else precision
+    return "no" if is_sharded(model) else precision  # FSDP's MixedPrecisionPolicy casts instead
 
 
 def gradient_sync(model: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
-    """Around one micro-step's forward and backward. DDP all-reduces gradients during backward (FSDP
-    reduce-scatters them); between micro-steps that is wasted traffic, so it is off but on the last, whose
-    backward averages the accumulated sum."""
+    """Around a micro-step: DDP all-reduces (FSDP reduce-scatters) in the last one's backward only."""
     if is_sharded(model):
         model.set_requires_gradient_sync(last)
-    elif isinstance(model, DistributedDataParallel) and not last:
-        return model.no_sync()
-    return contextlib.nullcontext()
+    ddp = isinstance(model, DistributedDataParallel)
+    return model.no_sync() if ddp and not last else contextlib.nullcontext()
 
 
 def check_gradients(module: torch.nn.Module) -> None:
-    """After the first step's backward: under DDP every rank holds the same averaged gradients; under FSDP,
-    whose shards differ between ranks by design, every trainable shard holds its reduced gradient."""
-    if is_sharded(module):
-        assert_shards_reduced(module)
-    else:
-        assert_gradients_synchronised(module)
-
-
-def assert_shards_reduced(model: torch.nn.Module) -> None:
-    """After the first step: every trainable shard holds its gradient, or its rank would step on nothing."""
-    missing = [name for name, p in model.named_parameters()
+    """After the first step: DDP's gradients equal on every rank; FSDP's, shards that differ by design, each
+    reduced, or its rank would step on nothing."""
+    if not is_sharded(module):
+        return assert_gradients_synchronised(module)
+    missing = [name for name, p in module.named_parameters()
                if isinstance(p, DTensor) and p.requires_grad and p.grad is None]
     if missing:
         raise RuntimeError(f"FSDP reduced no gradient into {len(missing)} trainable parameter(s) after the "
@@ -184,9 +161,8 @@ def assert_shards_reduced(model: torch.nn.Module) -> None:
 
 @contextlib.contextmanager
 def whole_weights(model: torch.nn.Module) -> Iterator[None]:
-    """Around evaluation and predict, whose ranks may run different numbers of batches: inside, every rank
-    holds FSDP's whole weights and a forward communicates nothing. Outside, the weights are sharded again.
-    (Under DDP every rank holds them whole already.)"""
+    """Inside, every rank holds FSDP's whole weights and a forward communicates nothing, so ranks may run
+    different numbers of evaluation batches. Outside, the weights are sharded again."""
     modules = [module for module in model.modules() if isinstance(module, FSDPModule)]
     for module in modules:
         module.set_reshard_after_forward(False, recurse=False)
@@ -201,13 +177,12 @@ def whole_weights(model: torch.nn.Module) -> Iterator[None]:
 
 
 def final_weights(module: torch.nn.Module) -> tuple[dict | None, dict | None]:
-    """The state_dicts the final save_pretrained writes, the model's and with LoRA its base's
-    (modeling.save_lora_base): under DDP None, None, for the module's own. Under FSDP, gathered whole on
-    rank 0 ({} elsewhere): with LoRA its trainable tensors (all that peft's save_pretrained keeps) and the
-    base's, so that no weight is gathered twice. Every rank calls it."""
+    """The final save's state_dicts, the model's and with LoRA its base's: None, None (the module's own), or
+    under FSDP gathered on rank 0: with LoRA the trainable tensors (all peft saves) and the base's, so that
+    no weight is gathered twice. Every rank calls it."""
     if not is_sharded(module):
         return None, None
-    from .modeling import is_lora  # here: training_args imports this module, and needs no model code
+    from .modeling import is_lora  # here: training_args imports this module, needing no model
 
     state = module.state_dict()
     if not is_lora(module):

@@ -1,11 +1,6 @@
-"""How the Trainer runs one model on many processes: DistributedDataParallel (DDP), which the Trainer wraps the
-model in itself (through accelerate) when torchrun started several processes.
-
-train.py calls only what this module defines (as torchtitan's trainer calls its parallelize_fn):
-`check_parallel_setup` once the run is set up, `parallelize` once the model is loaded (its callback proves
-the ranks in step), `whole_weights` around predict and `lora_base_weights` for the final save.
-`ParallelArguments` is what training_args.TrainingArguments takes from here.
-"""
+"""How the Trainer spreads the model over the processes: DDP, which accelerate wraps the model in. train.py
+calls only this module (as torchtitan's trainer its parallelize_fn), and training_args.TrainingArguments
+takes its flags' checks from it."""
 
 from __future__ import annotations
 
@@ -19,7 +14,7 @@ from transformers import TrainerCallback
 from .config import ConfigError
 from .distributed import assert_gradients_synchronised
 
-if TYPE_CHECKING:  # training_args imports this module, for ParallelArguments; and the Trainer's import is slow
+if TYPE_CHECKING:  # training_args imports this module; the Trainer's import is slow
     from transformers import Trainer
 
     from .training_args import TrainingArguments
@@ -34,9 +29,9 @@ class ParallelArguments:
         trains with DDP alone, so they are refused, in one line, rather than half set up."""
         for name in ("fsdp", "fsdp_config"):
             if getattr(self, name):
-                raise ConfigError(f"--{name} {getattr(self, name)}: this project was generated to train with DDP "
-                                  "alone (include_fsdp no); drop the flag, or generate it again with "
-                                  "include_fsdp yes")
+                raise ConfigError(f"--{name} {getattr(self, name)}: this project was generated to train "
+                                  "with DDP alone (include_fsdp no); drop the flag, or generate it again "
+                                  "with include_fsdp yes")
 
 
 def check_parallel_setup(args: TrainingArguments) -> None:

@@ -1,12 +1,6 @@
-"""How the Trainer runs one model on many processes: DistributedDataParallel (DDP), which the Trainer wraps the
-model in itself (through accelerate) when torchrun started several processes; or with --fsdp, FSDP2, which
-accelerate applies from transformers' fsdp_config (GPUs only).
-
-train.py calls only what this module defines (as torchtitan's trainer calls its parallelize_fn):
-`check_parallel_setup` once the run is set up, `parallelize` once the model is loaded (its callback proves
-the ranks in step), `whole_weights` around predict and `lora_base_weights` for the final save.
-`ParallelArguments` is what training_args.TrainingArguments takes from here: --fsdp.
-"""
+"""How the Trainer spreads the model over the processes: DDP, or with --fsdp FSDP2 from transformers'
+fsdp_config (GPUs only); accelerate wraps the model either way. train.py calls only this module (as
+torchtitan's trainer its parallelize_fn), and training_args.TrainingArguments takes --fsdp from it."""
 
 from __future__ import annotations
 
@@ -25,7 +19,7 @@ from transformers import TrainerCallback
 from .config import ConfigError
 from .distributed import assert_gradients_synchronised
 
-if TYPE_CHECKING:  # training_args imports this module, for ParallelArguments; and the Trainer's import is slow
+if TYPE_CHECKING:  # training_args imports this module; the Trainer's import is slow
     from transformers import Trainer
 
     from .training_args import TrainingArguments
@@ -46,8 +40,7 @@ class ParallelArguments:
     fsdp: bool = field(default=False, metadata={"help": "Shard weights, grads, AdamW (FSDP2); GPUs only."})
 
     def check_parallel_settings(self) -> None:
-        """With --fsdp, once the device is decided and before transformers reads its FSDP settings: refused on
-        CPU, and transformers' fsdp_config set to FSDP2 unless --fsdp_config gives one."""
+        """Once the device is decided, before transformers reads fsdp_config: refused on CPU; else FSDP2."""
         if not self.fsdp:
             return
         if self.device_settings.use_cpu:  # accelerate would set the run up as plain DDP, without a word
@@ -59,10 +52,9 @@ class ParallelArguments:
 
 
 def check_parallel_setup(args: TrainingArguments) -> None:
-    """Once the run is set up (train.prepare_run), --fsdp: accelerate shards the model only in a run torchrun
-    started on GPUs (MULTI_GPU, even of one process). Elsewhere it would train plain DDP without a word (on
-    CPU, which parsing refuses already), or the Trainer would stop with a traceback (one process started
-    without torchrun)."""
+    """--fsdp: accelerate shards the model only in a run torchrun started on GPUs (MULTI_GPU, even of one
+    process). Elsewhere it would train plain DDP without a word (on CPU, which parsing refuses already), or
+    the Trainer would stop with a traceback (one process started without torchrun)."""
     from accelerate.utils import DistributedType
 
     if not args.fsdp:
@@ -74,8 +66,7 @@ def check_parallel_setup(args: TrainingArguments) -> None:
 
 
 def parallelize(model: torch.nn.Module, args: TrainingArguments) -> TrainerCallback:
-    """Under --fsdp, the model's blocks named to accelerate (shard_blocks_of); the callback proves the ranks in
-    step: the model sharded, else DDP's gradients the same on every rank."""
+    """--fsdp: the blocks named to accelerate. The callback proves the ranks in step: sharded, or DDP's."""
     if not args.fsdp:
         return GradientSyncCheck()
     shard_blocks_of(model, args)
@@ -98,7 +89,7 @@ def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
     lists = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList)
              and len({type(block) for block in module}) == 1 and any(True for _ in module.parameters())]
     if not lists:
-        from .modeling import classifier_of  # here: training_args imports this module, and needs no model code
+        from .modeling import classifier_of  # here: training_args imports this module, needing no model
 
         name = type(classifier_of(model)).__name__
         raise ConfigError(f"--fsdp: found no list of repeated transformer blocks in {name} to shard one by "
@@ -135,9 +126,8 @@ class GradientSyncCheck(TrainerCallback):
 
 @contextlib.contextmanager
 def whole_weights(model: torch.nn.Module) -> Iterator[None]:
-    """Around predict, whose ranks may run different numbers of batches: inside, every rank holds FSDP's
-    whole weights and a forward communicates nothing. Outside, the weights are sharded again. (Under DDP
-    every rank holds them whole already.)"""
+    """Inside, every rank holds FSDP's whole weights and a forward communicates nothing, so ranks may run
+    different numbers of predict batches. Outside, the weights are sharded again."""
     modules = [module for module in model.modules() if isinstance(module, FSDPModule)]
     for module in modules:
         module.set_reshard_after_forward(False, recurse=False)
@@ -152,20 +142,15 @@ def whole_weights(model: torch.nn.Module) -> Iterator[None]:
 
 
 def lora_base_weights(trainer: Trainer) -> dict | None:
-    """With LoRA, the frozen base's state_dict for the final save (modeling.save_lora_base): under FSDP
-    gathered whole on rank 0 ({} elsewhere), else None, for the model's own. Every rank calls it."""
+    """With LoRA, the frozen base's state_dict for the final save: None (the model's own), or under FSDP its
+    tensors whole, in fp32 as trained, on rank 0's CPU ({} elsewhere), one at a time on the device. Every
+    rank calls it."""
     if not trainer.is_fsdp_enabled:
         return None
     from peft import get_base_model_state_dict
 
-    return gathered_on_rank0(get_base_model_state_dict(trainer.model))
-
-
-def gathered_on_rank0(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A state_dict's tensors whole, in fp32 as trained, on rank 0's CPU ({} elsewhere), one at a time on
-    the device. Every rank calls it."""
     rank, whole = dist.get_rank(), {}
-    for name, tensor in state.items():
+    for name, tensor in get_base_model_state_dict(trainer.model).items():
         if isinstance(tensor, DTensor):
             tensor = tensor.full_tensor()
         if rank == 0:
