@@ -7,11 +7,11 @@ Steps, in order:
 
 1. Keep the chosen files (``PER_LOOP_FILES``, ``PER_LOOP_AND_FSDP_FILES``,
    ``KEPT_ONLY_WHEN``): the chosen loop's ``<name>_<loop>.py`` becomes ``<name>.py`` and the
-   other loop's is deleted, as does the chosen ``parallel_<loop>_<ddp|fsdp>.py`` (include_fsdp)
-   of the four; and a file kept only for an answer (native-only modules, the sbatch script and
-   its logs/ folder, the container and Kubernetes files, FSDP's tests) is deleted for any
-   other, every version of it, with a folder it leaves empty. A file this step expects but
-   cannot find is a template bug: refused.
+   other loop's is deleted; of the four ``parallel_<loop>_<ddp|fsdp>.py``, the one for the
+   loop and include_fsdp becomes ``parallel.py``; and a file kept only for an answer
+   (native-only modules, the sbatch script and its logs/ folder, the container and Kubernetes
+   files, FSDP's tests) is deleted for any other, every version of it, with a folder it leaves
+   empty. A file this step expects but cannot find is a template bug: refused.
 2. Make ``scripts/*.sh`` and ``scripts/*.sbatch`` executable.
 3. Refuse the project if any text file still holds unrendered template text: a
    double-brace expression or a block tag that names ``cookiecutter``. Answers may
