@@ -14,14 +14,17 @@ SMOKE_DIR ?= build/smoke
 TORCH_INDEX_URL ?= $(if $(shell command -v nvidia-smi),,https://download.pytorch.org/whl/cpu)
 # The torch pin, kept in requirements-dev.txt only.
 TORCH_REQUIREMENT := $(shell grep -E '^torch[=<>~ ]' requirements-dev.txt)
+# The exact versions renders ship (tests/tested_versions.py): the template's tests run on them.
+# CONSTRAINTS= (empty) installs the newest versions the ranges allow, as `make lock` does.
+CONSTRAINTS ?= {{cookiecutter.project_slug}}/constraints.txt
 
-.PHONY: smoke test test-fast lint bench clean
+.PHONY: smoke test test-fast lint lock bench clean
 
-$(BIN)/.installed: requirements-dev.txt
+$(BIN)/.installed: requirements-dev.txt $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(if $(TORCH_INDEX_URL),--index-url "$(TORCH_INDEX_URL)") "$(TORCH_REQUIREMENT)"
-	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet -r requirements-dev.txt $(if $(CONSTRAINTS),--constraint "$(CONSTRAINTS)")
 	touch $@
 
 smoke: $(BIN)/.installed
@@ -43,6 +46,14 @@ test-fast: $(BIN)/.installed
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check hooks tests bench
+
+# Move the versions renders ship to the newest their ranges allow: a fresh .venv without the constraints,
+# then constraints.txt written from it. `make test` then tests exactly those versions.
+lock:
+	rm -rf $(VENV)
+	$(MAKE) $(BIN)/.installed CONSTRAINTS=
+	$(BIN)/python tests/tested_versions.py --write
+	touch $(BIN)/.installed  # it holds exactly the versions just written
 
 # Both loops against the seed guide's loop and the compute limit, one workload side by side: under
 # 10 minutes on 2 CPU cores, not part of `make test`. Markdown on stdout, JSON in bench/results/.

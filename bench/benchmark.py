@@ -58,6 +58,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from importlib import metadata
 from pathlib import Path
 
 from workload import MAX_TOKENS, PACKAGE, render, write_workload
@@ -268,15 +269,22 @@ def fetch_hf_example(folder: Path) -> Path:
     return path
 
 
-def machine() -> dict:
-    import torch
-    import transformers
+# The libraries whose versions a bench run reports (its header and JSON), as a run's metrics.json does.
+LIBRARIES = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "peft")
 
+
+def machine() -> dict:
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
     cpu_model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
                      platform.processor())
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
     return {"cpu_cores": os.cpu_count(), "cpu_model": cpu_model, "gpu": "none used (CUDA_VISIBLE_DEVICES empty)",
-            "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
+            "python": platform.python_version(), **versions}
 
 
 def main() -> None:
@@ -323,8 +331,9 @@ def main() -> None:
     targets = check_targets(medians)
     today = datetime.date.today().isoformat()
     host = machine()
-    print(f"{today}, {host['cpu_cores']} CPU cores ({host['cpu_model']}), no GPU used; torch {host['torch']}, "
-          f"transformers {host['transformers']}; median of {args.repeats} rounds, {args.nproc} processes, "
+    versions = ", ".join(f"{name} {host[name]}" for name in LIBRARIES)
+    print(f"{today}, {host['cpu_cores']} CPU cores ({host['cpu_model']}), no GPU used; Python {host['python']}, "
+          f"{versions}; median of {args.repeats} rounds, {args.nproc} processes, "
           f"{args.train_size} train examples, 1 epoch, {BATCH_SIZE} per process per step\n")
     print(markdown(medians))
     print()

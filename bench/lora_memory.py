@@ -4,8 +4,8 @@
 
 Renders the template once per training loop and saves one Llama-like decoder with
 save_pretrained: Llama-2's vocabulary size (32000), 4 layers of width 384 (19.4M parameters, 7.1M
-of them outside the embeddings), with the smoke Llama-like tokenizer (smoke.py), which has no pad
-token. Each row trains it through the rendered project's scripts/train_single_node.sh on 2 CPU
+of them outside the embeddings), with the tiny Llama-like tokenizer of tests/proofs/tiny_decoders.py,
+which has no pad token. Each row trains it through the rendered project's scripts/train_single_node.sh on 2 CPU
 processes (gloo, fp32), one epoch of 192 imdb-like reviews (bench/workload.py) cut at 128 tokens,
 8 per process per step: every weight trained, or LoRA (--lora_r 8, all linear layers, the head in
 full), each without and with --gradient_checkpointing.
@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from benchmark import machine, run_once
-from workload import imdb_like_rows, render, smoke_module, write_jsonl
+from workload import imdb_like_rows, render, smoke_module, tiny_decoders_module, write_jsonl
 
 BENCH = Path(__file__).resolve().parent
 MODEL_CONFIG = {"vocab_size": 32000, "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 4,
@@ -44,12 +44,11 @@ ROWS = {  # title: flags
 
 
 def save_model(project: Path, folder: Path, seed: int = 0) -> int:
-    """The Llama-like decoder and the smoke Llama tokenizer, via save_pretrained; returns the parameter count."""
+    """The Llama-like decoder and the tiny Llama tokenizer, via save_pretrained; returns the parameter count."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    smoke = smoke_module(project)
-    tokenizer = smoke.build_decoder_tokenizer("llama")
+    tokenizer = tiny_decoders_module().build_decoder_tokenizer("llama", smoke_module(project).WORDS)
     tokenizer.model_max_length = MAX_TOKENS
     tokenizer.save_pretrained(folder)
     torch.manual_seed(seed)
@@ -91,7 +90,7 @@ def main() -> None:
     runs: dict[str, dict[str, list[dict]]] = {loop: {title: [] for title in ROWS} for loop in ("native", "trainer")}
     with tempfile.TemporaryDirectory(prefix="bench_lora_") as scratch:
         scratch = Path(scratch)
-        projects = {loop: render(scratch / loop, training_loop=loop) for loop in runs}
+        projects = {loop: render(scratch / loop, training_loop=loop, include_lora=True) for loop in runs}
         data = scratch / "data"
         smoke = smoke_module(projects["native"])
         write_jsonl(data / "train.jsonl", imdb_like_rows(smoke, args.train_size, 0, 1000))

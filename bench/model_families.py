@@ -5,10 +5,11 @@
 Renders the template once per training loop and saves a tiny, randomly initialised checkpoint of
 each family with save_pretrained (2 layers of width 64), each beside a tokenizer shaped like the
 family's own: WordPiece for BERT, DistilBERT (no token type ids) and ELECTRA; byte-level BPE for
-RoBERTa and ModernBERT; a Unigram model for DeBERTa-v2; and the smoke decoders (smoke.py) for
-Llama, Qwen2 and GPT-2, whose tokenizers ship without a pad token (Llama, GPT-2) or with one their
-config does not name (Qwen2). Every checkpoint but BERT's is saved as the family's pretraining model,
-so the classifier head is new, as when fine-tuning a Hub checkpoint.
+RoBERTa and ModernBERT; a Unigram model for DeBERTa-v2; and the proofs' tiny decoders
+(tests/proofs/tiny_decoders.py) for Llama, Qwen2 and GPT-2, whose tokenizers ship without a pad
+token (Llama, GPT-2) or with one their config does not name (Qwen2). Every checkpoint but BERT's is
+saved as the family's pretraining model, so the classifier head is new, as when fine-tuning a Hub
+checkpoint.
 
 Each row is one family, loop and setting (every weight trained, or --lora_r 8): the rendered
 project's scripts/train_single_node.sh on the smoke sentiment data (256 examples, 3 epochs, 2 CPU
@@ -33,11 +34,11 @@ import time
 from pathlib import Path
 
 from benchmark import machine
-from workload import PACKAGE, render, smoke_module
+from workload import PACKAGE, render, smoke_module, tiny_decoders_module
 
 BENCH = Path(__file__).resolve().parent
 ENCODERS = ("bert", "distilbert", "roberta", "deberta-v2", "electra", "modernbert")
-DECODERS = ("llama", "qwen2", "gpt2")
+DECODERS = tiny_decoders_module().DECODERS
 SETTINGS = {"every weight": [], "LoRA r=8": ["--lora_r", "8"]}
 SIZE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128}
 
@@ -52,7 +53,8 @@ def byte_level_tokenizer(smoke, cls: str, sep: str, pad: str, unk: str, mask: st
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab, merges = smoke.train_bpe(byte_level=True, special_tokens=[cls, sep, pad, unk, mask])
+    vocab, merges = tiny_decoders_module().train_bpe(smoke.WORDS, byte_level=True,
+                                                     special_tokens=[cls, sep, pad, unk, mask])
     backend = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
@@ -80,7 +82,8 @@ def save_encoder(smoke, family: str, folder: Path) -> None:
         model = t.DistilBertForMaskedLM(t.DistilBertConfig(vocab_size=len(tokenizer), dim=64, n_layers=2, n_heads=2,
                                                            hidden_dim=128, max_position_embeddings=128))
     elif family == "roberta":
-        vocab, merges = smoke.train_bpe(byte_level=True, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+        vocab, merges = tiny_decoders_module().train_bpe(smoke.WORDS, byte_level=True,
+                                                         special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
         tokenizer = t.RobertaTokenizer(vocab=vocab, merges=merges, model_max_length=128)
         model = t.RobertaForMaskedLM(t.RobertaConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                                                      bos_token_id=0, eos_token_id=2, max_position_embeddings=130,
@@ -162,13 +165,14 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_families_") as scratch:
         scratch = Path(scratch)
-        projects = {loop: render(scratch / loop, training_loop=loop) for loop in ("native", "trainer")}
+        projects = {loop: render(scratch / loop, training_loop=loop, include_lora=True)  # for the LoRA rows
+                    for loop in ("native", "trainer")}
         smoke = smoke_module(projects["native"])
         assets = smoke.make_smoke_assets(scratch / "assets", train_size=256, eval_size=101)
         for family in families:
             folder = scratch / "models" / family
             if family in DECODERS:
-                smoke.make_tiny_decoder(family, folder)
+                tiny_decoders_module().make_tiny_decoder(family, folder, smoke.WORDS)
             else:
                 save_encoder(smoke, family, folder)
             for loop, project in projects.items():

@@ -17,7 +17,7 @@ PACKAGE = "text_classifier"  # the default project name's package
 MAX_TOKENS = 512
 
 
-def render(output_dir: Path, **answers: str) -> Path:
+def render(output_dir: Path, **answers: str | bool) -> Path:
     """Render the template with its defaults and these answers; returns the project folder."""
     from cookiecutter.main import cookiecutter  # here: a run on projects rendered earlier needs no cookiecutter
 
@@ -31,6 +31,16 @@ def smoke_module(project: Path):
     import importlib
 
     return importlib.import_module(f"{PACKAGE}.smoke")
+
+
+def tiny_decoders_module():
+    """The template's tiny decoders (tests/proofs/tiny_decoders.py), which no render ships."""
+    proofs = TEMPLATE / "tests" / "proofs"
+    if str(proofs) not in sys.path:
+        sys.path.insert(0, str(proofs))
+    import importlib
+
+    return importlib.import_module("tiny_decoders")
 
 
 def imdb_like_rows(smoke, size: int, seed: int, max_words: int) -> list[dict]:

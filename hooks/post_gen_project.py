@@ -10,11 +10,15 @@ Steps, in order:
    other loop's is deleted; of the four ``parallel_<loop>_<ddp|fsdp>.py``, the one for the
    loop and include_fsdp becomes ``parallel.py``; and a file kept only for an answer
    (native-only modules, the sbatch script and its logs/ folder, the container and Kubernetes
-   files, FSDP's tests) is deleted for any other, every version of it, with a folder it leaves
-   empty. A file this step expects but cannot find is a template bug: refused.
+   files, the tracker's modules and test, LoRA's modules and test, the doctor and its test,
+   FSDP's tests) is deleted for any other, every version of it, with a folder it leaves
+   empty. A file this step expects but cannot find is a template bug: refused. Then keep
+   the chosen lines (``LINES_KEPT_ONLY_WHEN``): a Python line that ends with a marker, such
+   as ``# [tracker]``, loses the marker where its answer fits and is deleted elsewhere, so
+   that a feature not chosen leaves no line in the code that would call it.
 2. Make ``scripts/*.sh`` and ``scripts/*.sbatch`` executable.
 3. Refuse the project if any text file still holds unrendered template text: a
-   double-brace expression or a block tag that names ``cookiecutter``. Answers may
+   double-brace expression, a block tag or a line statement that names ``cookiecutter``. Answers may
    legitimately contain such text, so their rendered forms are masked first.
 4. Write ``.cookiecutter.json``, ``{"cookiecutter": <answers>}``, which
    ``cookiecutter --replay-file .cookiecutter.json <template>`` accepts and which
@@ -36,7 +40,7 @@ import re
 import shutil
 import sys
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 
 # tojson writes ' as \u0027, so no answer can close this literal.
@@ -45,8 +49,11 @@ ANSWERS_JSON = r'''{{ cookiecutter | tojson }}'''  # fmt: skip
 REPLAY_FILE = ".cookiecutter.json"
 TRAINING_LOOPS = ("trainer", "native")
 EXECUTABLE_PATTERNS = ("scripts/*.sh", "scripts/*.sbatch")
-# Written so that this file holds no Jinja delimiters besides ANSWERS_JSON.
-UNRENDERED_RE = re.compile(r"\{\{-?\s*cookiecutter\b|\{[%]-?[^%]*?\bcookiecutter\.")
+# Written so that this file holds no Jinja delimiters besides ANSWERS_JSON. The last: a line statement
+# (cookiecutter.json's _jinja2_env_vars) left behind as a comment line.
+UNRENDERED_RE = re.compile(
+    r"\{\{-?\s*cookiecutter\b|\{[%]-?[^%]*?\bcookiecutter\.|^[ \t]*#%.*\bcookiecutter\.", re.MULTILINE
+)
 # Cookiecutter's abbreviations for hosted templates (gh:org/repo, ...).
 ABBREVIATION_RE = re.compile(r"(gh|gl|bb):[\w./-]+")
 # scp-like git address: git@github.com:org/repo.git
@@ -62,6 +69,7 @@ class TemplateBug(Exception):
 # The template ships <name>_<loop>.py for each loop; the project gets <name>.py.
 PER_LOOP_FILES = (
     "src/{package}/train.py",
+    "src/{package}/trackers.py",
     "src/{package}/training_args.py",
     "tests/ddp_probe.py",
     "tests/test_parallel.py",
@@ -75,12 +83,26 @@ FILE_CHOICES = {
     "training_loop": {loop: loop for loop in TRAINING_LOOPS},
     "include_fsdp": {False: "ddp", True: "fsdp"},
 }
-# Files kept only when an answer has this value, deleted otherwise (of a file above: every version).
+
+
+def other_than(value: object) -> Callable[[object], bool]:
+    """A condition of KEPT_ONLY_WHEN that holds for every answer but ``value``."""
+    return lambda answer: answer != value
+
+
+def fits(answer: object, condition: object) -> bool:
+    """Whether an answer meets a condition: a predicate, or the one value it must equal."""
+    return condition(answer) if callable(condition) else answer == condition
+
+
+TRACKER_CHOSEN = ("experiment_tracker", other_than("none"))
+# Files kept only when an answer meets this condition (its value, or a predicate), deleted otherwise. A file
+# of PER_LOOP_FILES or PER_LOOP_AND_FSDP_FILES is named here by its project path: every version of it goes
+# when the condition fails.
 KEPT_ONLY_WHEN = {
     ("training_loop", "native"): (
         "src/{package}/batching.py",
         "src/{package}/checkpoint.py",
-        "src/{package}/trackers.py",
         "tests/test_batching.py",
         "tests/test_native_loop.py",
     ),
@@ -89,8 +111,17 @@ KEPT_ONLY_WHEN = {
         "logs/.gitkeep",
     ),
     ("include_kubernetes", True): ("Dockerfile", ".dockerignore", "k8s/trainjob.yaml"),
+    TRACKER_CHOSEN: ("src/{package}/tracking.py", "src/{package}/trackers.py", "tests/test_tracking.py"),
+    ("include_lora", True): (
+        "src/{package}/lora.py",
+        "src/{package}/merge_lora.py",
+        "tests/test_lora.py",
+    ),
+    ("include_doctor", True): ("src/{package}/doctor.py", "tests/test_doctor.py"),
     ("include_fsdp", True): ("tests/test_parallel.py",),  # FSDP's tests (DDP is every other test's)
 }
+# Python lines kept only when an answer meets a condition, marked in the template by a comment that ends them.
+LINES_KEPT_ONLY_WHEN = {"# [tracker]": TRACKER_CHOSEN}
 
 
 def versions(path: PurePosixPath, variables: tuple[str, ...]) -> dict[str, tuple[object, ...]]:
@@ -107,10 +138,10 @@ def versions(path: PurePosixPath, variables: tuple[str, ...]) -> dict[str, tuple
 def chosen_file_moves(answers: Mapping[str, object]) -> tuple[dict[str, str], list[str]]:
     """Return ({source: destination} renames, [deletions]) as project-relative paths."""
     package = answers["package_name"]
-    dropped = [
+    unwanted = [
         pattern.format(package=package)
-        for (variable, value), patterns in KEPT_ONLY_WHEN.items()
-        if answers[variable] != value
+        for (variable, condition), patterns in KEPT_ONLY_WHEN.items()
+        if not fits(answers[variable], condition)
         for pattern in patterns
     ]
     chosen_by = {
@@ -122,12 +153,12 @@ def chosen_file_moves(answers: Mapping[str, object]) -> tuple[dict[str, str], li
         path = pattern.format(package=package)
         chosen = tuple(answers[variable] for variable in variables)
         for source, choice in versions(PurePosixPath(path), variables).items():
-            if choice == chosen and path not in dropped:
+            if choice == chosen and path not in unwanted:
                 renames[source] = path
             else:
                 deletions.append(source)
     versioned = {pattern.format(package=package) for pattern in chosen_by}
-    deletions += [path for path in dropped if path not in versioned]  # those: their versions, above
+    deletions += [path for path in unwanted if path not in versioned]  # those went as their versions, above
     return renames, list(dict.fromkeys(deletions))  # a file kept under two conditions is deleted once
 
 
@@ -147,6 +178,29 @@ def keep_chosen_files(project: Path, answers: Mapping[str, object]) -> None:
         while folder != project and not any(folder.iterdir()):
             folder.rmdir()  # k8s/ without its manifest, logs/ without SLURM
             folder = folder.parent
+
+
+def chosen_lines(text: str, answers: Mapping[str, object], name: str) -> str:
+    """``text`` with each marked line kept, without its marker, where its answer fits, and deleted elsewhere."""
+    kept = []
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        content = line.rstrip("\r\n")
+        for marker, (variable, condition) in LINES_KEPT_ONLY_WHEN.items():
+            if marker in content:
+                if not content.endswith(f"  {marker}"):
+                    raise TemplateBug(f"{name}:{number} holds {marker} before its end; put it last, after two spaces")
+                content = content.removesuffix(f"  {marker}") if fits(answers[variable], condition) else None
+                break
+        if content is not None:
+            kept.append(content + line[len(line.rstrip("\r\n")) :])
+    return "".join(kept)
+
+
+def keep_chosen_lines(project: Path, answers: Mapping[str, object]) -> None:
+    for path in sorted(project.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if any(marker in text for marker in LINES_KEPT_ONLY_WHEN):
+            path.write_text(chosen_lines(text, answers, path.relative_to(project).as_posix()), encoding="utf-8")
 
 
 # Tool caches that running ruff or pytest inside the template folder leaves behind.
@@ -246,6 +300,7 @@ def load_answers() -> dict[str, object]:
 def finish_project(project: Path, answers: Mapping[str, object]) -> None:
     remove_tool_caches(project)
     keep_chosen_files(project, answers)
+    keep_chosen_lines(project, answers)
     set_run_bits(project)
     unrendered = find_unrendered(project, answers)
     if unrendered:

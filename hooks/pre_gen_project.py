@@ -199,6 +199,8 @@ VALIDATORS: dict[str, Callable[[object], str | None]] = {
     "experiment_tracker": partial(check_choice, choices=EXPERIMENT_TRACKERS),
     "include_slurm": check_boolean,
     "include_kubernetes": check_boolean,
+    "include_lora": check_boolean,
+    "include_doctor": check_boolean,
     "include_fsdp": check_boolean,
 }
 

@@ -84,6 +84,8 @@ GOOD_ANSWERS = {
     "experiment_tracker": ["none", "tensorboard", "wandb", "mlflow"],
     "include_slurm": [True, False],
     "include_kubernetes": [True, False],
+    "include_lora": [True, False],
+    "include_doctor": [True, False],
     "include_fsdp": [True, False],
 }
 
@@ -233,6 +235,18 @@ BAD_ANSWERS = {
         ("no", "not a boolean"),
         ("false", "not a boolean"),
         (0, "not a boolean"),
+        (None, "not a boolean"),
+    ],
+    "include_lora": [
+        ("yes", "not a boolean"),
+        ("False", "not a boolean"),
+        (1, "not a boolean"),
+        (None, "not a boolean"),
+    ],
+    "include_doctor": [
+        ("yes", "not a boolean"),
+        ("n", "not a boolean"),
+        (1, "not a boolean"),
         (None, "not a boolean"),
     ],
     "include_fsdp": [
@@ -411,6 +425,8 @@ BAD_REPLAYS = {
     "experiment-tracker-unknown": ({"experiment_tracker": "comet"}, "experiment_tracker"),
     "include-slurm-string": ({"include_slurm": "no"}, "include_slurm"),
     "include-kubernetes-string": ({"include_kubernetes": "no"}, "include_kubernetes"),
+    "include-lora-string": ({"include_lora": "yes"}, "include_lora"),
+    "include-doctor-string": ({"include_doctor": "yes"}, "include_doctor"),
     "include-fsdp-string": ({"include_fsdp": "yes"}, "include_fsdp"),
     "nnodes-negative": ({"nnodes": "-1"}, "nnodes"),
     "project-name-jinja-newline": ({"project_name": "{{ x }}\n"}, "project_name"),
@@ -527,11 +543,19 @@ def test_include_slurm_no_on_the_command_line_arrives_as_false(render, tmp_path)
     assert recorded["cookiecutter"]["include_slurm"] is False
 
 
+def test_include_lora_yes_on_the_command_line_arrives_as_true_and_keeps_loras_files(render, tmp_path):
+    project = render(tmp_path, {"include_lora": "yes"})
+    package = project / "src" / "text_classifier"
+    assert (package / "lora.py").is_file() and (package / "merge_lora.py").is_file()
+    assert (project / "tests" / "test_lora.py").is_file()
+    recorded = json.loads((project / ".cookiecutter.json").read_text(encoding="utf-8"))
+    assert recorded["cookiecutter"]["include_lora"] is True
+
+
 @pytest.mark.parametrize("loop", ["trainer", "native"])
 @pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
 def test_the_chosen_loops_parallel_file_becomes_parallel_py_and_fsdps_tests_stay_only_with_it(loop, fsdp):
-    answers = {"package_name": "pkg", "training_loop": loop, "include_fsdp": fsdp, "include_slurm": True,
-               "include_kubernetes": True}
+    answers = {**MOVE_ANSWERS, "training_loop": loop, "include_fsdp": fsdp}
     renames, deletions = post_gen.chosen_file_moves(answers)
     other = "native" if loop == "trainer" else "trainer"
     kind, other_kind = ("fsdp", "ddp") if fsdp else ("ddp", "fsdp")
@@ -554,7 +578,7 @@ def test_the_chosen_loops_parallel_file_becomes_parallel_py_and_fsdps_tests_stay
 def test_a_versioned_file_kept_only_for_an_answer_is_dropped_in_every_version(monkeypatch):
     monkeypatch.setattr(post_gen, "KEPT_ONLY_WHEN", {("include_fsdp", True): ("src/{package}/parallel.py",),
                                                      ("include_slurm", True): ("src/{package}/parallel.py",)})
-    answers = {"package_name": "pkg", "training_loop": "native", "include_fsdp": False, "include_slurm": False}
+    answers = {**MOVE_ANSWERS, "include_fsdp": False, "include_slurm": False}
     renames, deletions = post_gen.chosen_file_moves(answers)
     assert not [path for path in renames if path.startswith("src/pkg/parallel")]
     assert sorted(path for path in deletions if path.startswith("src/pkg/parallel")) == [
@@ -598,6 +622,7 @@ def test_replay_context_drops_cookiecutter_keys():
         "_checkout": "main",
         "_template": "/home/me/tpl",
         "_extensions": ["cookiecutter.extensions.SlugifyExtension"],
+        "_jinja2_env_vars": {"line_statement_prefix": "#%"},
     }
     assert post_gen.replay_context(answers) == {"cookiecutter": {"project_name": "X"}}
     remote = {**answers, "_template": "gh:org/t"}
@@ -612,6 +637,8 @@ def test_unrendered_scan_finds_template_text_but_not_answers(tmp_path):
         "flagged_expression.md": "# {{ cookiecutter.project_name }}\n",
         "flagged_tight.py": "x = '{{cookiecutter.package_name}}'\n",
         "flagged_block.sh": "{% if cookiecutter.include_slurm %}\n",
+        "flagged_line_statement.py": "x = 1\n    #% if cookiecutter.include_lora\n",
+        "ok_percent_comment.py": "x = 1  #% of the rows, cookiecutter.json\n",
         "ok_actions.yml": "python: ${{ matrix.python }}\n",
         "ok_answer.md": f"# {name}\n",
         "ok_answer_tojson.toml": "description = "
@@ -622,7 +649,7 @@ def test_unrendered_scan_finds_template_text_but_not_answers(tmp_path):
         (tmp_path / file_name).write_text(text, encoding="utf-8")
     (tmp_path / "binary.bin").write_bytes(b"\xff\xfe{{ cookiecutter.x }}")
     found = post_gen.find_unrendered(tmp_path, {"project_name": name})
-    assert found == ["flagged_block.sh", "flagged_expression.md", "flagged_tight.py"]
+    assert found == ["flagged_block.sh", "flagged_expression.md", "flagged_line_statement.py", "flagged_tight.py"]
 
 
 def copy_template(destination: Path) -> Path:
@@ -671,3 +698,83 @@ def test_post_gen_refuses_unrendered_template_text(render, tmp_path, capfd):
 def test_hook_files_are_importable_without_rendering():
     assert pre_gen.ANSWERS_JSON == ANSWERS_LITERAL
     assert post_gen.ANSWERS_JSON == ANSWERS_LITERAL
+
+
+# --- Keeping the chosen files and lines, called directly ---------------------------------
+
+# Every yes/no answer at its default, then these.
+MOVE_ANSWERS = {**{name: value for name, value in cookiecutter_json().items() if isinstance(value, bool)},
+                "package_name": "pkg", "training_loop": "native", "include_slurm": True,
+                "include_kubernetes": True, "experiment_tracker": "none"}
+
+
+@pytest.mark.parametrize("loop", ["trainer", "native"])
+def test_a_per_loop_file_kept_only_with_a_tracker_goes_for_both_loops_without_one(loop):
+    other = "native" if loop == "trainer" else "trainer"
+    renames, deletions = post_gen.chosen_file_moves({**MOVE_ANSWERS, "training_loop": loop})
+    assert "src/pkg/trackers.py" not in renames.values()
+    assert {f"src/pkg/trackers_{loop}.py", f"src/pkg/trackers_{other}.py", "src/pkg/tracking.py",
+            "tests/test_tracking.py"} <= set(deletions)
+    assert "src/pkg/trackers.py" not in deletions  # the template holds its loops' files only
+    assert renames[f"src/pkg/train_{loop}.py"] == "src/pkg/train.py"
+
+
+@pytest.mark.parametrize("tracker", ["tensorboard", "wandb", "mlflow"])
+def test_any_tracker_but_none_keeps_the_trackers_files(tracker):
+    renames, deletions = post_gen.chosen_file_moves({**MOVE_ANSWERS, "experiment_tracker": tracker})
+    assert renames["src/pkg/trackers_native.py"] == "src/pkg/trackers.py"
+    assert "src/pkg/trackers_trainer.py" in deletions
+    assert not {"src/pkg/tracking.py", "tests/test_tracking.py", "src/pkg/trackers.py"} & set(deletions)
+
+
+def test_a_condition_is_a_value_or_a_predicate():
+    assert post_gen.fits("native", "native") and not post_gen.fits("trainer", "native")
+    assert post_gen.fits(True, True) and not post_gen.fits(False, True)
+    not_none = post_gen.other_than("none")
+    assert [post_gen.fits(answer, not_none) for answer in ["none", "wandb", "mlflow"]] == [False, True, True]
+
+
+MARKED = (
+    "import os\n"
+    "from .trackers import start  # [tracker]\n"
+    "\n"
+    "def run():\n"
+    "    if start:  # the tracker's  # [tracker]\n"
+    "        start()  # [tracker]\n"
+    "    return os.getpid()\n"
+)
+UNMARKED = "import os\n\ndef run():\n    return os.getpid()\n"
+
+
+def test_marked_lines_lose_their_marker_with_a_tracker_and_go_without_one():
+    with_tracker = post_gen.chosen_lines(MARKED, {"experiment_tracker": "wandb"}, "x.py")
+    assert with_tracker == MARKED.replace("  # [tracker]", "")
+    without = post_gen.chosen_lines(MARKED, {"experiment_tracker": "none"}, "x.py")
+    assert without == UNMARKED
+
+
+@pytest.mark.parametrize("line", ["x = 1  # [tracker] and more\n", "x = 1 # [tracker]\n", "# [tracker]\n"])
+def test_a_marker_that_does_not_end_its_line_after_two_spaces_is_a_template_bug(line):
+    with pytest.raises(post_gen.TemplateBug, match=r"^x\.py:2 holds # \[tracker\] before its end; put it last"):
+        post_gen.chosen_lines("ok = 1\n" + line, {"experiment_tracker": "none"}, "x.py")
+
+
+def test_every_line_marker_in_the_template_ends_a_python_line():
+    for path in sorted(PROJECT_TEMPLATE.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            text = path.read_text(encoding="utf-8", errors="replace")
+            for marker in post_gen.LINES_KEPT_ONLY_WHEN:
+                if marker in text:
+                    assert path.suffix == ".py", path
+                    post_gen.chosen_lines(text, {"experiment_tracker": "none"}, path.name)  # refuses a misplaced one
+
+
+def test_keep_chosen_lines_rewrites_only_the_python_files_that_hold_a_marker(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text(MARKED, encoding="utf-8")
+    (tmp_path / "plain.py").write_text("x = 1\n", encoding="utf-8")
+    (tmp_path / "notes.md").write_text("y  # [tracker]\n", encoding="utf-8")
+    post_gen.keep_chosen_lines(tmp_path, {"experiment_tracker": "none"})
+    assert (tmp_path / "src" / "a.py").read_text(encoding="utf-8") == UNMARKED
+    assert (tmp_path / "plain.py").read_text(encoding="utf-8") == "x = 1\n"
+    assert (tmp_path / "notes.md").read_text(encoding="utf-8") == "y  # [tracker]\n"

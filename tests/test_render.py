@@ -1,14 +1,14 @@
 """Every supported combination renders a clean project; unsupported ones are refused.
 
 Supported: the full product training_loop x include_slurm x mixed_precision
-(2 x 2 x 4 = 16), with include_kubernetes chosen for two of the four precisions and
-include_fsdp for two others across them, so that the 16 renders also hold every
-training_loop x include_slurm x include_kubernetes x include_fsdp file set; each is
-rendered once per session with the same non-default name, model,
-dataset and columns, so nothing can pass by being the default. Each render gets the
-exact file set, the chosen loop's files, run bits, no template leftovers, ruff,
-``bash -n`` and shellcheck, TOML/YAML parsing, and the recorded answers; one render per
-file set is replayed from them. The Kubernetes files' contents: test_kubernetes.py.
+(2 x 2 x 4 = 16) and every file set of the yes/no answers (include_slurm,
+include_kubernetes, include_lora, include_doctor, include_fsdp) in each loop, the
+precisions taken in turn, so that every loop meets every file set and every precision;
+each is rendered once per session with the same non-default name, model, dataset and
+columns, so nothing can pass by being the default. Each render gets the exact file set,
+the chosen loop's files, run bits, no template leftovers, ruff, ``bash -n`` and
+shellcheck, TOML/YAML parsing, and the recorded answers; each is replayed from them. The
+Kubernetes files' contents: test_kubernetes.py.
 
 Unsupported: ``UNSUPPORTED`` below, each refused with its one ERROR line.
 
@@ -40,6 +40,7 @@ from conftest import (
     TEMPLATE_DIR,
     cookiecutter_json,
     error_lines,
+    post_gen,
     pre_gen,
     relative_files,
 )
@@ -65,6 +66,8 @@ class Combination(NamedTuple):
     mixed_precision: str
     include_kubernetes: bool = False
     experiment_tracker: str = "none"
+    include_lora: bool = False
+    include_doctor: bool = False
     include_fsdp: bool = False
 
     @property
@@ -72,41 +75,48 @@ class Combination(NamedTuple):
         slurm = "slurm" if self.include_slurm else "no-slurm"
         kubernetes = "-k8s" if self.include_kubernetes else ""
         tracker = "" if self.experiment_tracker == "none" else f"-{self.experiment_tracker}"
+        lora = "-lora" if self.include_lora else ""
+        doctor = "-doctor" if self.include_doctor else ""
         fsdp = "-fsdp" if self.include_fsdp else ""
-        return f"{self.training_loop}-{slurm}-{self.mixed_precision}{kubernetes}{tracker}{fsdp}"
+        return f"{self.training_loop}-{slurm}-{self.mixed_precision}{kubernetes}{tracker}{lora}{doctor}{fsdp}"
 
     @property
     def answers(self) -> dict[str, object]:
         return {**BASE_ANSWERS, **self._asdict()}
 
 
-# Kubernetes and FSDP only choose files, independent of the other answers: rather than double the
-# renders twice, half the precisions take each, crossed so that the four precisions hold all four pairs.
-KUBERNETES_PRECISIONS = ("bf16", "no")
-FSDP_PRECISIONS = ("fp16", "no")
+# Kubernetes, the doctor and FSDP add files (FSDP: its version of parallel.py), LoRA files and a few lines at
+# their call sites: every file set of the yes/no answers in each loop, the four precisions (which only edit
+# YAML) taken in turn.
+PRECISIONS = ("auto", "bf16", "fp16", "no")
 SUPPORTED = [
-    Combination(loop, slurm, precision, precision in KUBERNETES_PRECISIONS,
-                include_fsdp=precision in FSDP_PRECISIONS)
-    for loop, slurm, precision in itertools.product(
-        ["trainer", "native"], [True, False], ["auto", "bf16", "fp16", "no"]
+    Combination(loop, slurm, PRECISIONS[index % 4], kubernetes, include_lora=lora, include_doctor=doctor,
+                include_fsdp=fsdp)
+    for index, (loop, slurm, kubernetes, lora, doctor, fsdp) in enumerate(
+        itertools.product(["trainer", "native"], [True, False], [False, True], [False, True], [False, True],
+                          [False, True])
     )
 ]
-# One per file set: precision only edits YAML (here every supported render is a file set of its own).
+# Every supported render is its own file set.
 FILE_SET_RUNS = SUPPORTED
 # One render per loop, each with the SLURM script, whose tests run it under a real SLURM (without it,
-# a render only lacks those files; precision only edits YAML), and with FSDP, whose proofs run there.
+# a render only lacks those files; precision only edits YAML), and with LoRA, the doctor and FSDP, which the
+# proofs train and run.
 SUITE_RUNS = [
-    Combination("trainer", True, "auto", include_fsdp=True),
-    Combination("native", True, "auto", include_fsdp=True),
+    Combination("trainer", True, "auto", include_lora=True, include_doctor=True, include_fsdp=True),
+    Combination("native", True, "auto", include_lora=True, include_doctor=True, include_fsdp=True),
 ]
-# Without FSDP, the loop's parallel.py is DDP's alone: each loop's render runs its own fast tests.
-DDP_ONLY_SUITE_RUNS = [Combination("trainer", True, "auto"), Combination("native", True, "auto")]
-# The tracker only adds a dependency, a config line and a README section: one render for each
-# tracker but none (the default of every render above), the loops and file sets mixed.
+# Each tracker but none (the default of every render above) in each loop, the other answers spread over them
+# so that, with SUITE_RUNS, every value of every choice is rendered in both loops. Each runs its own
+# `make test` (test_rendered_repo_passes_its_own_make_test): a tracker reaches the configs and the tests, and
+# without FSDP these are the renders whose parallel.py is DDP's alone.
 TRACKER_RUNS = [
-    Combination("native", False, "auto", experiment_tracker="tensorboard"),
-    Combination("trainer", True, "bf16", include_kubernetes=True, experiment_tracker="wandb"),
-    Combination("native", True, "no", experiment_tracker="mlflow"),
+    Combination("trainer", False, "bf16", include_kubernetes=True, experiment_tracker="tensorboard"),
+    Combination("trainer", True, "fp16", experiment_tracker="wandb"),
+    Combination("trainer", False, "no", include_kubernetes=True, experiment_tracker="mlflow"),
+    Combination("native", False, "no", include_kubernetes=True, experiment_tracker="tensorboard"),
+    Combination("native", True, "bf16", experiment_tracker="wandb"),
+    Combination("native", False, "fp16", include_kubernetes=True, experiment_tracker="mlflow"),
 ]
 
 
@@ -118,6 +128,7 @@ def combination_params(combinations: list[Combination]) -> list:
 
 COMMON_FILES = {
     ".cookiecutter.json",
+    "constraints.txt",
     ".github/workflows/tests.yml",
     ".gitignore",
     ".pre-commit-config.yaml",
@@ -138,8 +149,6 @@ COMMON_FILES = {
     f"src/{PACKAGE}/data.py",
     f"src/{PACKAGE}/device.py",
     f"src/{PACKAGE}/distributed.py",
-    f"src/{PACKAGE}/doctor.py",
-    f"src/{PACKAGE}/merge_lora.py",
     f"src/{PACKAGE}/metrics.py",
     f"src/{PACKAGE}/modeling.py",
     f"src/{PACKAGE}/predict.py",
@@ -149,14 +158,12 @@ COMMON_FILES = {
     f"src/{PACKAGE}/smoke.py",
     f"src/{PACKAGE}/stopping.py",
     f"src/{PACKAGE}/torchrun.py",
-    f"src/{PACKAGE}/tracking.py",
     f"src/{PACKAGE}/worker.py",
     "tests/conftest.py",
     "tests/test_config.py",
     "tests/test_data.py",
     "tests/test_ddp.py",
     "tests/test_distributed.py",
-    "tests/test_doctor.py",
     "tests/test_launch_end_to_end.py",
     "tests/test_metrics.py",
     "tests/test_modeling.py",
@@ -166,7 +173,6 @@ COMMON_FILES = {
     "tests/test_smoke.py",
     "tests/test_tasks.py",
     "tests/test_torchrun.py",
-    "tests/test_tracking.py",
 }
 # Each is <name>_<loop>.py in the template; post-gen keeps the chosen loop's as <name>.py.
 PER_LOOP_FILES = {
@@ -182,14 +188,18 @@ FSDP_ONLY_FILES = {"tests/test_parallel.py"}
 NATIVE_ONLY_FILES = {
     f"src/{PACKAGE}/batching.py",
     f"src/{PACKAGE}/checkpoint.py",
-    f"src/{PACKAGE}/trackers.py",
     "tests/test_batching.py",
     "tests/test_native_loop.py",
 }
+# With a tracker only; trackers.py is <name>_<loop>.py in the template, as PER_LOOP_FILES are.
+TRACKER_ONLY_FILES = {f"src/{PACKAGE}/tracking.py", f"src/{PACKAGE}/trackers.py", "tests/test_tracking.py"}
+PER_LOOP_TRACKER_FILES = {f"src/{PACKAGE}/trackers.py"}
 SLURM_SCRIPT = "scripts/train_slurm.sbatch"
 # The script and its log folder (its tests under a real SLURM are the template's: tests/proofs/).
 SLURM_ONLY_FILES = {SLURM_SCRIPT, "logs/.gitkeep"}
 KUBERNETES_ONLY_FILES = {"Dockerfile", ".dockerignore", "k8s/trainjob.yaml"}
+LORA_ONLY_FILES = {f"src/{PACKAGE}/lora.py", f"src/{PACKAGE}/merge_lora.py", "tests/test_lora.py"}
+DOCTOR_ONLY_FILES = {f"src/{PACKAGE}/doctor.py", "tests/test_doctor.py"}
 LAUNCHERS = {"scripts/train_single_node.sh", "scripts/train_multi_node.sh"}
 
 
@@ -203,6 +213,12 @@ def expected_files(combo: Combination) -> set[str]:
         files |= SLURM_ONLY_FILES
     if combo.include_kubernetes:
         files |= KUBERNETES_ONLY_FILES
+    if combo.experiment_tracker != "none":
+        files |= TRACKER_ONLY_FILES
+    if combo.include_lora:
+        files |= LORA_ONLY_FILES
+    if combo.include_doctor:
+        files |= DOCTOR_ONLY_FILES
     return files
 
 
@@ -243,19 +259,20 @@ def test_supported_combinations_cover_every_choice_product_and_file_set(default_
     config = cookiecutter_json()
     assert isinstance(config["include_slurm"], bool)
     assert isinstance(config["include_kubernetes"], bool)
+    assert config["include_lora"] is False and config["include_doctor"] is False
     loops, booleans = config["training_loop"], [True, False]
     assert {combo[:3] for combo in SUPPORTED} == set(
         itertools.product(loops, booleans, config["mixed_precision"])
     )
     assert isinstance(config["include_fsdp"], bool)
     file_sets = {
-        (combo.training_loop, combo.include_slurm, combo.include_kubernetes, combo.include_fsdp)
+        (combo.training_loop, combo.include_slurm, combo.include_kubernetes, combo.include_lora,
+         combo.include_doctor, combo.include_fsdp)
         for combo in SUPPORTED
     }
-    assert file_sets == set(itertools.product(loops, booleans, booleans, booleans))
-    assert len(SUPPORTED) == len(set(SUPPORTED)) == 16
-    replayed = {(c.training_loop, c.include_slurm, c.include_kubernetes, c.include_fsdp) for c in FILE_SET_RUNS}
-    assert replayed == file_sets and len(FILE_SET_RUNS) == len(file_sets)
+    assert file_sets == set(itertools.product(loops, booleans, booleans, booleans, booleans, booleans))
+    assert len(SUPPORTED) == len(set(SUPPORTED)) == len(file_sets) == 64
+    assert all(combo.include_lora and combo.include_doctor and combo.include_fsdp for combo in SUITE_RUNS)
     for combo in SUPPORTED:
         answers = recorded_answers(combo, default_answers)
         assert pre_gen.find_first_problem(answers) is None, combo.id
@@ -265,9 +282,26 @@ def test_tracker_runs_cover_every_tracker_and_the_others_take_none(default_answe
     trackers = cookiecutter_json()["experiment_tracker"]
     assert trackers[0] == default_answers["experiment_tracker"] == "none"
     assert {combo.experiment_tracker for combo in SUPPORTED} == {"none"}
-    assert [combo.experiment_tracker for combo in TRACKER_RUNS] == trackers[1:]
+    for loop in cookiecutter_json()["training_loop"]:
+        assert [c.experiment_tracker for c in TRACKER_RUNS if c.training_loop == loop] == trackers[1:], loop
+    assert {combo.training_loop for combo in TRACKER_PROOF_RUNS} == set(cookiecutter_json()["training_loop"])
     for combo in TRACKER_RUNS:
         assert pre_gen.find_first_problem(recorded_answers(combo, default_answers)) is None, combo.id
+
+
+def test_every_value_of_every_choice_runs_its_own_tests_in_both_loops():
+    # The renders whose own tests run in the template's CI: the suites (make test-all) and the tracker runs
+    # (make test). A prompt with choices (a list, or yes/no) is a field of Combination.
+    config = cookiecutter_json()
+    choices = {name: [True, False] if isinstance(value, bool) else value
+               for name, value in config.items() if isinstance(value, bool | list) and not name.startswith("_")}
+    assert set(choices) == set(Combination._fields)
+    del choices["training_loop"]
+    tested = SUITE_RUNS + TRACKER_RUNS
+    for loop in config["training_loop"]:
+        for name, values in choices.items():
+            seen = {getattr(combo, name) for combo in tested if combo.training_loop == loop}
+            assert seen == set(values), f"{loop}: {name} runs its tests with {seen}, not every one of {values}"
 
 
 @pytest.mark.parametrize("combo", combination_params(SUPPORTED + TRACKER_RUNS))
@@ -281,21 +315,25 @@ def test_render_has_exactly_the_expected_files(rendered, combo):
     )
 
 
-@pytest.mark.parametrize("combo", combination_params(SUPPORTED))
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED + TRACKER_RUNS))
 def test_per_loop_files_are_the_chosen_loops_template_files(
     rendered, combo, default_answers
 ):
+    # Less the lines of an answer not chosen (LINES_KEPT_ONLY_WHEN): test_hooks.py tests that step.
     project = rendered(combo)
     answers = recorded_answers(combo, default_answers)
-    env = create_env_with_context({"cookiecutter": answers})
-    per_loop = PER_LOOP_FILES | (FSDP_ONLY_FILES if combo.include_fsdp else set())
+    # With the template's Jinja settings (its #% line statements), which the recorded answers leave out.
+    jinja_settings = cookiecutter_json()["_jinja2_env_vars"]
+    env = create_env_with_context({"cookiecutter": {**answers, "_jinja2_env_vars": jinja_settings}})
+    per_loop = PER_LOOP_FILES | (PER_LOOP_TRACKER_FILES if combo.experiment_tracker != "none" else set())
+    per_loop |= FSDP_ONLY_FILES if combo.include_fsdp else set()
     chosen = {name: [combo.training_loop] for name in per_loop}
     chosen |= {name: [combo.training_loop, "fsdp" if combo.include_fsdp else "ddp"] for name in PER_LOOP_AND_FSDP_FILES}
     for name, choices in sorted(chosen.items()):
         path = PROJECT_TEMPLATE / name.replace(PACKAGE, "{{cookiecutter.package_name}}")
         source = path.with_stem("_".join([path.stem, *choices]))
         text = source.read_text(encoding="utf-8")
-        expected = env.from_string(text).render(cookiecutter=answers)
+        expected = post_gen.chosen_lines(env.from_string(text).render(cookiecutter=answers), answers, name)
         assert (project / name).read_text(encoding="utf-8") == expected, name
 
 
@@ -310,11 +348,11 @@ def test_exactly_the_launch_scripts_are_executable_for_everyone(rendered, combo)
     assert executable == dict.fromkeys(launchers, run_bits)
 
 
-# Unrendered Jinja: an expression or block naming cookiecutter, any block tag, or a
-# cookiecutter.<variable> reference (".cookiecutter.json" and "cookiecutter.json"
-# are file names, not leftovers).
+# Unrendered Jinja: an expression or block naming cookiecutter, any block tag, a line statement
+# (cookiecutter.json's _jinja2_env_vars: a line starting with #%), or a cookiecutter.<variable>
+# reference (".cookiecutter.json" and "cookiecutter.json" are file names, not leftovers).
 LEFTOVER_RE = re.compile(
-    r"\{\{-?\s*cookiecutter|\{%|(?<![\w.])cookiecutter\.(?!json\b)\w"
+    r"\{\{-?\s*cookiecutter|\{%|^\s*#%|(?<![\w.])cookiecutter\.(?!json\b)\w"
 )
 
 
@@ -341,7 +379,8 @@ def test_no_unrendered_template_text(rendered, combo):
     ),
 )
 def test_template_python_file_parses_before_rendering(name):
-    # Jinja only in file names: ruff, an IDE and a reviewer read the template as code.
+    # Jinja only in file names and in #% line statements, which Python reads as comments: ruff, an IDE and a
+    # reviewer read the template as code.
     source = (PROJECT_TEMPLATE / name).read_text(encoding="utf-8")
     ast.parse(source, filename=name)
 
@@ -396,9 +435,10 @@ def requirement_names(requirements: list[str]) -> list[str]:
     return [re.match(r"[A-Za-z0-9._-]+", requirement).group() for requirement in requirements]
 
 
-@pytest.mark.parametrize("combo", combination_params([SUITE_RUNS[1], *TRACKER_RUNS]))
+@pytest.mark.parametrize("combo", combination_params([*SUITE_RUNS, *TRACKER_RUNS]))
 def test_the_chosen_trackers_packages_are_dependencies_and_every_tracker_an_extra(rendered, combo):
-    # `make install` and the README's `pip install -e ".[dev]"` then bring the chosen one.
+    # `make install` and the README's `pip install -e ".[dev]"` then bring the chosen one. With none, no tracker
+    # is a dependency or an extra.
     pyproject = tomllib.loads((rendered(combo) / "pyproject.toml").read_text(encoding="utf-8"))
     project = pyproject["project"]
     every_tracker_package = {name for names in TRACKER_PACKAGES.values() for name in names}
@@ -406,8 +446,8 @@ def test_the_chosen_trackers_packages_are_dependencies_and_every_tracker_an_extr
     assert [name for name in dependencies if name in every_tracker_package] == TRACKER_PACKAGES.get(
         combo.experiment_tracker, []
     )
-    extras = project["optional-dependencies"]
-    assert {tracker: requirement_names(extras[tracker]) for tracker in TRACKER_PACKAGES} == TRACKER_PACKAGES
+    extras = {name: requirement_names(packages) for name, packages in project["optional-dependencies"].items()}
+    assert extras == {"dev": extras["dev"], **(TRACKER_PACKAGES if combo.experiment_tracker != "none" else {})}
 
 
 # Import names that differ from the distribution's.
@@ -484,17 +524,19 @@ README_TEXT_ONLY_FOR = {
     ("training_loop", "native"): [
         "`batching.py`",
         "`checkpoint.py`",
-        "`trackers.py`",
         "the `GradScaler` skipped",
         "any other is refused by the parser",
     ],
+    ("include_lora", True): ["LoRA", "--lora_r", "peft", "merge_lora", "adapter"],
     ("include_fsdp", True): ["--fsdp", "FSDP"],
     ("experiment_tracker", "tensorboard"): ["tensorboard --logdir", "TENSORBOARD_LOGGING_DIR"],
     ("experiment_tracker", "wandb"): ["wandb sync", "WANDB_MODE", "offline-run-"],
     ("experiment_tracker", "mlflow"): ["mlflow ui", "MLFLOW_TRACKING_URI", "mlflow.db"],
+    ("include_doctor", True): ["Cluster checks: the doctor", "`doctor.py`", "the doctor's `backend` line"],
 }
-# Any tracker's; with none, the options table only lists --report_to's values.
-TRACKER_SECTION_TEXT = ["## Experiment tracking", "tracking.py` sets only where you have not"]
+# Any tracker's; with none, no line names --report_to or a tracker module.
+TRACKER_SECTION_TEXT = ["## Experiment tracking", "tracking.py` takes your value", "`trackers.py`", "`--report_to`",
+                        "the trackers;"]
 
 
 @pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS + TRACKER_RUNS))
@@ -506,11 +548,94 @@ def test_readme_and_folders_hold_nothing_for_an_answer_not_chosen(rendered, comb
         assert found == (strings if chosen else []), (variable, value)
     tracked = combo.experiment_tracker != "none"
     assert [text for text in TRACKER_SECTION_TEXT if text in readme] == (TRACKER_SECTION_TEXT if tracked else [])
-    # logs/, where the sbatch script writes, and its .gitignore lines only with SLURM.
+    # logs/, where the sbatch script writes, and its .gitignore lines only with SLURM; the trackers' folders
+    # only with a tracker.
     project = rendered(combo)
     assert (project / "logs").is_dir() == combo.include_slurm
     gitignore = (project / ".gitignore").read_text(encoding="utf-8")
     assert ("logs/" in gitignore) == combo.include_slurm
+    assert ("wandb/" in gitignore) == ("runs/" in gitignore) == tracked
+
+
+# What tracker code would name. The files that may name report_to all the same: the Trainer keeps transformers'
+# own --report_to (default none), which its training_args.py checks while parsing, as it checks every other flag
+# of the Trainer's, and its test names; the config test reads report_to where a shipped config sets it.
+TRACKER_WORDS_RE = re.compile(r"track(er|ing)|wandb|mlflow|tensorboard|report_to", re.IGNORECASE)
+REPORT_TO_FILES = {
+    "trainer": {f"src/{PACKAGE}/training_args.py", "tests/test_training_args.py", "tests/test_config.py"},
+    "native": {"tests/test_config.py"},
+}
+
+
+@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS))
+def test_without_a_tracker_no_line_of_code_tests_or_dependencies_names_one(rendered, combo):
+    project = rendered(combo)
+    found = []
+    for name in sorted(name for name in relative_files(project) if name.endswith((".py", ".toml"))):
+        for number, line in enumerate((project / name).read_text(encoding="utf-8").splitlines(), start=1):
+            words = {match.group().lower() for match in TRACKER_WORDS_RE.finditer(line)}
+            if name in REPORT_TO_FILES[combo.training_loop]:
+                words.discard("report_to")
+            if words:
+                found.append(f"{name}:{number}: {line.strip()}")
+    assert found == []
+
+
+@pytest.mark.parametrize("combo", combination_params([combo for combo in SUPPORTED if not combo.include_lora]))
+def test_a_render_without_lora_names_neither_lora_nor_peft(rendered, combo):
+    # No flag, dependency, module, test or README line of it; only the recorded answer says it was declined.
+    project = rendered(combo)
+    found = [
+        f"{name}:{number}: {line.strip()}"
+        for name in sorted(relative_files(project) - {".cookiecutter.json"})
+        for number, line in enumerate((project / name).read_text(encoding="utf-8").splitlines(), start=1)
+        if re.search("lora|peft", line, flags=re.IGNORECASE)
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("combo", "message"),
+    [
+        pytest.param(
+            Combination("native", False, "auto"),
+            "error: unrecognized arguments: --lora_r -1 (see --help for the flags it takes)\n",
+            id="without-lora-refused-as-unknown",
+        ),
+        pytest.param(
+            Combination("trainer", True, "no", include_kubernetes=True, include_lora=True),
+            "error: --lora_r -1: must be >= 0 (0 trains every weight, without LoRA)\n",
+            id="with-lora-checked",
+        ),
+    ],
+)
+def test_lora_r_is_an_unknown_flag_without_lora_and_a_checked_one_with_it(rendered, combo, message):
+    project = rendered(combo)
+    env = {**os.environ, "PYTHONPATH": str(project / "src"), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", f"{PACKAGE}.preflight", "--model_name_or_path", "some/model",
+         "--train_file", "train.csv", "--lora_r", "-1"],
+        cwd=project, env=env, capture_output=True, text=True, check=False, timeout=300,
+    )
+    assert (result.returncode, result.stderr) == (2, message)
+
+
+@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS + TRACKER_RUNS))
+def test_the_doctor_is_named_only_where_it_was_chosen(rendered, combo):
+    # Its module and test, the launch scripts' help, the Trainer's flags' docstring and the README; nothing
+    # when not chosen (the recorded answers name include_doctor itself).
+    project = rendered(combo)
+    naming = {
+        name for name in relative_files(project) - {".cookiecutter.json"}
+        if "doctor" in (project / name).read_text(encoding="utf-8").lower()
+    }
+    expected = set()
+    if combo.include_doctor:
+        expected = DOCTOR_ONLY_FILES | {"README.md", "scripts/_common.sh", "scripts/train_single_node.sh",
+                                        "scripts/train_multi_node.sh"}
+        if combo.training_loop == "trainer":
+            expected.add(f"src/{PACKAGE}/training_args.py")
+    assert naming == expected
 
 
 @pytest.mark.parametrize("combo", combination_params(SUPPORTED + TRACKER_RUNS))
@@ -542,7 +667,7 @@ def test_replaying_recorded_answers_reproduces_the_same_files(
 def test_command_line_accepts_the_recorded_answers_as_replay_file(
     rendered, tmp_path, cookiecutter_config
 ):
-    project = rendered(Combination("native", False, "auto"))
+    project = rendered(Combination("native", False, "auto", include_doctor=True))
     result = run(
         [
             sys.executable,
@@ -663,6 +788,7 @@ PROOFS = TEMPLATE_DIR / "tests" / "proofs"
 SLURM_PROOFS = ["slurm_cluster.py", "test_slurm.py", "test_slurm_cluster.py", "slow_steps.py"]
 NATIVE_PROOFS = ["test_native_resume.py", "test_fsdp.py"]
 FSDP_PROOFS = ["test_fsdp.py"]  # test_slurm.py's and test_gpu_node.py's FSDP tests skip themselves without it
+TRACKER_PROOFS = ["test_tracking_runs.py"]  # marked tracker; they need warm_launch.py and proof_scheduling.py
 # Tests of SLURM's own behaviour, which never import the package: the first suite run proves them.
 LOOP_INDEPENDENT_TESTS = ["tests/test_slurm_cluster.py"]
 
@@ -675,13 +801,15 @@ def test_loop_independent_proofs_reach_no_loop_code():
 
 def add_proofs(project: Path, combo: Combination) -> None:
     """The template's proofs, copied into a render's tests/ (the SLURM ones where it has the sbatch script, the
-    native loop's where it has that loop)."""
+    native loop's where it has that loop, FSDP's where it has FSDP, the trackers' where it has one)."""
     for path in PROOFS.iterdir():
         if path.name in SLURM_PROOFS and not combo.include_slurm:
             continue
         if path.name in NATIVE_PROOFS and combo.training_loop != "native":
             continue
         if path.name in FSDP_PROOFS and not combo.include_fsdp:
+            continue
+        if path.name in TRACKER_PROOFS and combo.experiment_tracker == "none":
             continue
         if path.is_dir():
             shutil.copytree(path, project / "tests" / path.name)
@@ -727,27 +855,38 @@ def stop_and_describe(process: subprocess.Popen) -> str:
     return "Its processes:\n" + "\n".join(reports) + f"\nIts output:\n{output[-6000:]}"
 
 
-def run_make(project: Path, target: str, args: list[str]) -> str:
-    """`make <target>` in a rendered project, as its README tells a user; its output, once it passed."""
+def make_env() -> dict[str, str]:
+    """The environment for a render's make: none of this run's pytest, make or import settings."""
     env = {
         name: value
         for name, value in os.environ.items()
         if name not in {"PYTHONPATH", "PYTEST_ADDOPTS", "PYTEST_PLUGINS", "MAKEFLAGS", "MFLAGS", "MAKELEVEL"}
     }
-    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    command = ["make", target, f"PYTHON={sys.executable}", f"ARGS={' '.join(args)}"]
+    return env | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def run_make(project: Path, target: str, args: list[str], timeout: int, python: Path | str = sys.executable) -> str:
+    """`make <target>` in a render, as its README tells a user (on the tests' interpreter, or python); its
+    output, once it has passed with at least one test and no failure."""
+    env = make_env()
+    command = ["make", target, f"PYTHON={python}", f"ARGS={' '.join(args)}"]
     process = subprocess.Popen(
         command, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        output, _ = process.communicate(timeout=SUITE_TIMEOUT)
+        output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"make {target} ran past {SUITE_TIMEOUT} s. {stop_and_describe(process)}")
+        pytest.fail(f"make {target} ran past {timeout} s. {stop_and_describe(process)}")
     counts = summary_counts(output)
     assert process.returncode == 0, output[-12000:]
     assert counts["failed"] == 0 and counts["errors"] == 0, counts
     assert counts["passed"] > 0, counts
     return output
+
+
+# make test-all (pytest-xdist workers, each module on one), which runs the proofs too, ordered and grouped by
+# their plugin (tests/proofs/proof_scheduling.py).
+SUITE_ARGS = ["-q", "-x", "-p", "no:cacheprovider", "-p", "proof_scheduling"]
 
 
 @pytest.mark.rendered_suite
@@ -756,21 +895,8 @@ def test_rendered_repo_passes_its_own_test_suite_and_the_template_proofs(rendere
     # A copy, so the run's caches and outputs never reach the shared render.
     project = Path(shutil.copytree(rendered(combo), tmp_path / SLUG))
     add_proofs(project, combo)
-    # What its README tells a user to run, make test-all (pytest-xdist workers, each module on one), which
-    # runs the proofs too, ordered and grouped by their plugin (tests/proofs/proof_scheduling.py).
-    args = ["-q", "-x", "-p", "no:cacheprovider", "-p", "proof_scheduling"]
-    if combo != SUITE_RUNS[0]:
-        args += [f"--ignore={name}" for name in LOOP_INDEPENDENT_TESTS]
-    run_make(project, "test-all", args)
-
-
-@pytest.mark.rendered_suite
-@pytest.mark.parametrize("combo", combination_params(DDP_ONLY_SUITE_RUNS))
-def test_rendered_repo_without_fsdp_passes_its_own_tests_before_a_commit(rendered, combo, tmp_path):
-    # make test, the tier a user runs before a commit: the suite above runs renders with FSDP, whose
-    # parallel.py is another file than this default one.
-    project = Path(shutil.copytree(rendered(combo), tmp_path / SLUG))
-    run_make(project, "test", ["-q", "-x", "-p", "no:cacheprovider"])
+    args = [] if combo == SUITE_RUNS[0] else [f"--ignore={name}" for name in LOOP_INDEPENDENT_TESTS]
+    run_make(project, "test-all", [*SUITE_ARGS, *args], SUITE_TIMEOUT)
 
 
 @pytest.mark.parametrize("loop", ["trainer", "native"])
@@ -809,7 +935,25 @@ def test_without_fsdp_no_file_holds_fsdp_code_or_text(rendered, combo):
     assert found == []
 
 
-@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS))
+# The trackers' proofs train with each one, so they need a render with a tracker (whichever it is, its
+# --report_to takes all three): the first of each loop runs them beside its own tests but the slow ones.
+TRACKER_PROOF_RUNS = [next(c for c in TRACKER_RUNS if c.training_loop == loop) for loop in ("trainer", "native")]
+
+
+@pytest.mark.rendered_suite
+@pytest.mark.parametrize("combo", combination_params(TRACKER_RUNS))
+def test_rendered_repo_passes_its_own_make_test(rendered, combo, tmp_path):
+    # The test a user runs before each commit, on renders of the answers the suites do not take.
+    project = Path(shutil.copytree(rendered(combo), tmp_path / SLUG))
+    if combo not in TRACKER_PROOF_RUNS:
+        run_make(project, "test", ["-q", "-p", "no:cacheprovider"], timeout=600)
+        return
+    for name in [*TRACKER_PROOFS, "warm_launch.py", "proof_scheduling.py"]:
+        shutil.copy2(PROOFS / name, project / "tests" / name)
+    run_make(project, "test-all", [*SUITE_ARGS, "-m", "'not slow or tracker'"], SUITE_TIMEOUT)
+
+
+@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS + TRACKER_RUNS))
 def test_every_function_and_class_the_package_defines_is_used_by_the_project(rendered, combo):
     # A render ships only what its loop runs: a top-level definition named nowhere else in the package,
     # the scripts, the configs or the manifests (tests do not count) is code the render does not use.
@@ -834,11 +978,11 @@ def test_every_function_and_class_the_package_defines_is_used_by_the_project(ren
 
 # What a render hands its user, in lines: its tests and test helpers, and its shell scripts (the
 # proofs stay in the template: tests/proofs/). src/ and its lines over 110 characters are held at the
-# counts they have come down to (README.md, "What you get"), per loop and include_fsdp: lower them as the
-# code shrinks.
-TESTS_CAP, SHELL_CAP = 3000, 450
-SRC_CAP = {("native", False): 3783, ("native", True): 3894, ("trainer", False): 3292, ("trainer", True): 3382}
-LONG_LINES_CAP = {("native", False): 61, ("native", True): 62, ("trainer", False): 73, ("trainer", True): 78}
+# counts they have come down to (README.md, "What you get"), for the default render of each loop and the
+# fullest (every yes/no answer on, a tracker): lower them as the code shrinks.
+SHELL_CAP, TESTS_CAP = 450, {"default": 2821, "fullest": 3106}
+SRC_CAP = {"default": {"native": 3152, "trainer": 2693}, "fullest": {"native": 3916, "trainer": 3397}}
+LONG_LINES_CAP = {"native": 61, "trainer": 78}
 
 
 def line_counts(paths: list[Path]) -> tuple[int, int]:
@@ -847,14 +991,25 @@ def line_counts(paths: list[Path]) -> tuple[int, int]:
     return len(lines), sum(len(line) > 110 for line in lines)
 
 
-@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS))
-def test_render_stays_lean(rendered, combo):
+# Each loop's render with the default answers, and with every feature (every yes/no answer, a tracker).
+LEAN_RUNS = {
+    **{f"default-{loop}": Combination(loop, True, "auto") for loop in ("trainer", "native")},
+    **{f"fullest-{loop}": Combination(loop, True, "auto", True, "mlflow", include_lora=True, include_doctor=True,
+                                      include_fsdp=True)
+       for loop in ("trainer", "native")},
+}
+
+
+@pytest.mark.parametrize("name", LEAN_RUNS)
+def test_render_stays_lean(rendered, name):
+    combo = LEAN_RUNS[name]
     project = rendered(combo)
     src, long_lines = line_counts(sorted((project / "src").rglob("*.py")))
     tests, _ = line_counts(sorted((project / "tests").rglob("*.py")))
     shell, _ = line_counts(sorted((project / "scripts").glob("*.sh")) + sorted((project / "scripts").glob("*.sbatch")))
-    kind = (combo.training_loop, combo.include_fsdp)
-    assert src <= SRC_CAP[kind] and long_lines <= LONG_LINES_CAP[kind], (
-        f"src/: {src} lines (cap {SRC_CAP[kind]}), {long_lines} over 110 characters (cap {LONG_LINES_CAP[kind]})")
-    assert tests <= TESTS_CAP, f"tests/: {tests} lines, cap {TESTS_CAP}"
+    kind, loop = name.split("-")
+    cap = SRC_CAP[kind][loop]
+    assert src <= cap and long_lines <= LONG_LINES_CAP[loop], (
+        f"src/: {src} lines (cap {cap}), {long_lines} over 110 characters (cap {LONG_LINES_CAP[loop]})")
+    assert tests <= TESTS_CAP[kind], f"tests/: {tests} lines, cap {TESTS_CAP[kind]}"
     assert shell <= SHELL_CAP, f"scripts/: {shell} lines of shell, cap {SHELL_CAP}"

@@ -14,6 +14,7 @@ SLURM_MODULES = ("tests/test_slurm.py", "tests/test_slurm_cluster.py")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slurm: starts a real SLURM cluster (root; installs slurm-wlm if missing)")
+    config.addinivalue_line("markers", "tracker: trains with each tracker (a render with one: tests/test_render.py)")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,5 +1,6 @@
-"""`python tests/run_module.py MODULE ARGS...` runs MODULE as `python -m MODULE ARGS...` does: for torchrun's
---run-path, which runs a script (warm_launch.torchrun)."""
+"""`python run_module.py MODULE ARGS...` runs MODULE as `python -m MODULE ARGS...` does: for torchrun's
+--run-path, which runs a script (warm_launch.torchrun). Here in tests/proofs/, and in tests/ of the render
+the proofs are copied into (tests/test_render.py's add_proofs)."""
 
 import runpy
 import sys

@@ -33,6 +33,7 @@ from safetensors.torch import load_file
 from test_native_resume import no_dropout_assets  # noqa: F401 - a fixture of this module too
 from test_preemption import STOPPED_EXIT_CODE, launch, wait
 from test_restarts import RESUMED_FROM, crash_env, run_single_node
+from tiny_decoders import make_tiny_decoder
 from transformers import AutoConfig, AutoModelForSequenceClassification, pipeline
 from warm_launch import run_python, torchrun
 
@@ -244,7 +245,7 @@ def test_torchrun_restarts_a_killed_fsdp_worker_and_ends_with_the_undisturbed_we
 def lora(smoke_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A GPT-2-like decoder, as test_models.py's lora run, sharded: bf16 compute (FSDP's MixedPrecisionPolicy)."""
     folder = tmp_path_factory.mktemp("lora")
-    gpt2 = smoke.make_tiny_decoder("gpt2", folder / "tiny-gpt2")
+    gpt2 = make_tiny_decoder("gpt2", folder / "tiny-gpt2", smoke.WORDS)
     output_dir = folder / "out"
     flags = smoke_flags(smoke_assets, output_dir)
     flags[flags.index("--model_name_or_path") + 1] = str(gpt2)
@@ -305,6 +306,8 @@ BLOCKS = {"bert": "bert.encoder.layer", "electra": "electra.encoder.layer", "rob
 def test_the_blocks_of_every_family_are_found_from_the_model(family: str, lora_r: int) -> None:
     import transformers
 
+    adapters = package_module("lora")  # a render with include_lora
+
     name, options = FAMILIES[family]
     size = {} if options else {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
                                "intermediate_size": 128}
@@ -312,9 +315,9 @@ def test_the_blocks_of_every_family_are_found_from_the_model(family: str, lora_r
     with torch.device("meta"):
         model = transformers.AutoModelForSequenceClassification.from_config(config)
         if lora_r:
-            model = modeling.wrap_with_lora(model, package_module("config").ModelArguments("m", lora_r=lora_r))
+            model = adapters.wrap_with_lora(model, adapters.LoraArguments("m", lora_r=lora_r))
     blocks = parallel.transformer_blocks(model)
-    classifier = modeling.classifier_of(model)
+    classifier = adapters.classifier_of(model)
     assert len(blocks) == 2 and blocks is classifier.get_submodule(BLOCKS[family])
 
 

@@ -12,7 +12,7 @@ real runs under torchrun (2 CPU processes, gloo, tests/ddp_probe.py), each share
 - unused: a BigBird whose classification forward never uses its pooler (conftest.tiny_bigbird), every
   other weight trained, with gradient checkpointing: the pooler is frozen and named in one log line.
 
-The tiny decoders come from smoke.make_tiny_decoder: built from configs, offline.
+The tiny decoders come from tiny_decoders.make_tiny_decoder (a proof helper): built from configs, offline.
 """
 
 from __future__ import annotations
@@ -42,11 +42,13 @@ from conftest import (
 )
 from datasets import Dataset, DatasetDict
 from safetensors.torch import load_file
+from tiny_decoders import DECODERS, build_decoder_tokenizer, make_tiny_decoder, train_bpe
 from transformers import AutoConfig, pipeline
 from warm_launch import run_python, start_torchrun, torchrun
 
 config = package_module("config")
 data = package_module("data")
+lora = package_module("lora")  # a render with include_lora
 modeling = package_module("modeling")
 predict = package_module("predict")
 smoke = package_module("smoke")
@@ -67,7 +69,7 @@ PADDING_ATOL = 1e-5
 
 
 def model_args(folder: Path, **options) -> object:
-    return config.ModelArguments(model_name_or_path=str(folder), **options)
+    return lora.LoraArguments(model_name_or_path=str(folder), **options)
 
 
 def single_label(text_pair_column: str | None = None) -> object:
@@ -77,7 +79,7 @@ def single_label(text_pair_column: str | None = None) -> object:
 @pytest.fixture(scope="module")
 def decoders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("decoders")
-    return {family: smoke.make_tiny_decoder(family, folder / f"tiny-{family}") for family in smoke.DECODERS}
+    return {family: make_tiny_decoder(family, folder / f"tiny-{family}", smoke.WORDS) for family in DECODERS}
 
 
 def model_folder(name: str, decoders: dict[str, Path], smoke_assets: Path) -> Path:
@@ -91,7 +93,7 @@ def model_folder(name: str, decoders: dict[str, Path], smoke_assets: Path) -> Pa
 def test_a_tokenizer_without_a_pad_token_pads_with_its_eos_token_on_the_right(
     family: str, decoders: dict[str, Path], caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
-    shipped = smoke.build_decoder_tokenizer(family)
+    shipped = build_decoder_tokenizer(family, smoke.WORDS)
     assert shipped.pad_token is None  # as the family ships it: otherwise this proves nothing
     with caplog.at_level(logging.INFO):
         tokenizer = modeling.load_tokenizer(model_args(decoders[family]))
@@ -166,7 +168,7 @@ def test_padding_gpt2_on_the_left_would_change_its_logits(decoders: dict[str, Pa
 ], ids=["r", "alpha", "dropout", "targets"])
 def test_bad_lora_settings_are_refused(options: dict, message: str) -> None:
     with pytest.raises(config.ConfigError, match=message):
-        config.ModelArguments(model_name_or_path="m", **options)
+        lora.LoraArguments(model_name_or_path="m", **options)
 
 
 def test_lora_target_modules_must_name_linear_layers_of_the_model(decoders: dict[str, Path]) -> None:
@@ -186,9 +188,9 @@ def test_preflight_refuses_a_tokenizer_with_nothing_to_pad_with_in_one_line(
     decoders: dict[str, Path], smoke_assets: Path, tmp_path: Path
 ) -> None:
     folder = tmp_path / "no-eos"
-    vocab, merges = smoke.train_bpe(byte_level=True, special_tokens=[])
-    type(smoke.build_decoder_tokenizer("gpt2"))(vocab=vocab, merges=merges, bos_token=None, eos_token=None,
-                                                unk_token=None).save_pretrained(folder)
+    vocab, merges = train_bpe(smoke.WORDS, byte_level=True, special_tokens=[])
+    type(build_decoder_tokenizer("gpt2", smoke.WORDS))(vocab=vocab, merges=merges, bos_token=None, eos_token=None,
+                                                       unk_token=None).save_pretrained(folder)
     for name in ("config.json", "model.safetensors"):
         (folder / name).write_bytes((decoders["gpt2"] / name).read_bytes())
     flags = smoke_flags(smoke_assets, tmp_path / "out")
@@ -222,9 +224,9 @@ def test_lora_adapts_every_linear_layer_of_the_body_and_trains_the_whole_head(
     folder = model_folder(name, decoders, smoke_assets)
     model = modeling.load_model(model_args(folder, lora_r=4), single_label(), modeling.load_tokenizer(
         model_args(folder)))
-    classifier = modeling.classifier_of(model)
+    classifier = lora.classifier_of(model)
     body = classifier.get_submodule(classifier.base_model_prefix)
-    assert set(modeling.head_modules(classifier)) == head
+    assert set(lora.head_modules(classifier)) == head
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     adapted = {n.split(".lora_")[0].rpartition(".")[2] for n in trainable if ".lora_" in n}
     assert adapted == layers

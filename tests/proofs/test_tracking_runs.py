@@ -19,7 +19,7 @@ from conftest import PACKAGE, package_module, run_env, smoke_flags
 from test_tracking import TRACKER_ENV_PREFIXES
 from warm_launch import run_python
 
-pytestmark = pytest.mark.slow  # real launches
+pytestmark = [pytest.mark.slow, pytest.mark.tracker]  # real launches, in a render with a tracker
 tracking = package_module("tracking")
 
 # 64 examples in batches of 16: 4 steps per epoch, a loss logged every 2.

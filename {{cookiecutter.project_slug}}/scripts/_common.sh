@@ -52,9 +52,9 @@ $USAGE
   OMP_NUM_THREADS  threads per process [default: the CPUs this script may use / NPROC_PER_NODE]
   PYTHON           interpreter with torch installed  [default: python, else python3]
   PREFLIGHT        0 skips the check of the settings and data before the workers start
-  MODULE           Python module run in every process [default: $PACKAGE_NAME.train];
+  MODULE           Python module run in every process [default: $PACKAGE_NAME.train]{% if cookiecutter.include_doctor %};
                    $PACKAGE_NAME.doctor checks the set-up (versions, GPUs, network, backend,
-                   output_dir) with the same CONFIG and flags, and trains nothing
+                   output_dir) with the same CONFIG and flags, and trains nothing{% endif %}
 
 CONFIG is a .yaml/.yml/.json file such as configs/default.yaml; flags override its
 values. List the flags with: PYTHONPATH=src python -m $PACKAGE_NAME.train --help
@@ -116,7 +116,7 @@ resolve_launch_settings() {
   MODULE="${MODULE:-$PACKAGE_NAME.train}"
   # A file name (train.py) would also match the pattern, and python -m would not find it.
   [[ "$MODULE" =~ ^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$ && "$MODULE" != *.py ]] \
-    || die "MODULE='$MODULE' is not a Python module name: expected e.g. $PACKAGE_NAME.train or $PACKAGE_NAME.doctor"
+    || die "MODULE='$MODULE' is not a Python module name: expected e.g. $PACKAGE_NAME.train{% if cookiecutter.include_doctor %} or $PACKAGE_NAME.doctor{% endif %}"
   if [[ -z "${PYTHON:-}" ]]; then
     PYTHON=python
     command -v python >/dev/null || PYTHON=python3

@@ -20,7 +20,7 @@ Hangs, NCCL errors, timeouts: NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET log how
 interfaces; NCCL_SOCKET_IFNAME=eth0 picks one (see \`ip addr\`); NCCL_IB_DISABLE=1 rules out
 InfiniBand; the training flag --ddp_timeout SECONDS fails a collective that waits that long.
 A node that never joins leaves the others waiting: check that MASTER_PORT is open between the
-nodes and NNODES the same on all. Before a long job: MODULE=$PACKAGE_NAME.doctor, same settings.
+nodes and NNODES the same on all.{% if cookiecutter.include_doctor %} Before a long job: MODULE=$PACKAGE_NAME.doctor, same settings.{% endif %}
 
 Environment:
   NODE_RANK        this node's rank, 0 .. NNODES-1 (0 on MASTER_ADDR). Static needs it; c10d

@@ -13,8 +13,8 @@ Runs \`python -m $PACKAGE_NAME.train CONFIG --flag value ...\` under torchrun on
 Examples:
   scripts/train_single_node.sh configs/smoke.yaml
   NPROC_PER_NODE=4 scripts/train_single_node.sh configs/default.yaml --learning_rate 3e-5
-  MODULE=$PACKAGE_NAME.doctor scripts/train_single_node.sh configs/default.yaml
-
+{% if cookiecutter.include_doctor %}  MODULE=$PACKAGE_NAME.doctor scripts/train_single_node.sh configs/default.yaml
+{% endif %}
 Environment:"
 
 show_usage_if_asked "$@"

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import datasets
@@ -205,3 +206,30 @@ def read_probe(output_dir: Path, ranks: int = 2) -> list[dict]:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: real launches beyond the one DDP run of `make test`; `make test-all` "
                                        "runs them too")
+
+
+def versions_not_tested() -> list[str]:
+    """Installed packages whose version differs from constraints.txt's, the versions these tests passed with."""
+    lines = (REPO_ROOT / "constraints.txt").read_text().splitlines()
+    tested = dict(line.split("==", 1) for line in lines if "==" in line and not line.startswith("#"))
+    different = []
+    for name, version in tested.items():
+        try:
+            installed = metadata.version(name).split("+")[0]  # torch's +cpu: the same release
+        except metadata.PackageNotFoundError:
+            continue
+        if installed != version:
+            different.append(f"{name} {installed} (tested: {version})")
+    return different
+
+
+def pytest_report_header() -> str:
+    different = versions_not_tested()
+    return "versions: " + (", ".join(different) if different else "as in constraints.txt")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int) -> None:
+    if exitstatus != 0 and (different := versions_not_tested()):
+        terminalreporter.write_line(
+            f"These tests passed with constraints.txt's versions; this environment differs: {', '.join(different)}. "
+            "A failure may come from that change: `make install` brings back the tested versions.", yellow=True)

@@ -94,6 +94,8 @@ def test_shipped_configs_parse_and_every_value_lands(config: str) -> None:
         parsed.update(vars(arguments))
     values = yaml.safe_load(path.read_text())
     values.pop("mixed_precision")
+    if isinstance(parsed.get("report_to"), list) and "report_to" in values:
+        values["report_to"] = [values["report_to"]]  # the Trainer's shape since transformers 5.25 (5.24: the string)
     assert {key: parsed[key] for key in values} == values
 
 

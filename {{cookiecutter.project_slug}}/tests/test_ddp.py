@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import transformers
 from conftest import (
     EVAL_SIZE,
     IS_NATIVE,
@@ -113,6 +114,8 @@ def test_metrics_json_holds_final_eval_and_throughput(first_run: dict) -> None:
     for key in ("eval_accuracy", "eval_f1_macro", "eval_loss", "train_samples_per_second", "train_runtime"):
         assert isinstance(metrics[key], float), key
     assert metrics["train_samples_per_second"] > 0
+    assert metrics["versions"]["torch"] == torch.__version__
+    assert metrics["versions"]["transformers"] == transformers.__version__
 
 
 def test_metrics_json_holds_per_class_results_and_the_confusion_matrix(first_run: dict) -> None:

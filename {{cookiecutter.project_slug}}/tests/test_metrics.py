@@ -60,18 +60,20 @@ def test_write_metrics_writes_sorted_json(tmp_path: Path) -> None:
     assert path == tmp_path / "new" / "dir" / "metrics.json"
     text = path.read_text()
     assert text.endswith("\n")
-    assert list(json.loads(text)) == ["accuracy", "f1_macro", "num_examples"]
+    assert list(json.loads(text)) == ["accuracy", "f1_macro", "num_examples", "versions"]
     assert json.loads(text)["num_examples"] == 6
+    assert json.loads(text)["versions"] == package_module("metrics").library_versions()
 
 
 def test_an_evaluation_alone_replaces_eval_figures_and_keeps_the_train_figures(tmp_path: Path) -> None:
     first = {"train_loss": 0.3, "epoch": 2.0, "eval_accuracy": 0.9, "eval_loss": 0.2}
     write_metrics(str(tmp_path), first, trained=True)
     write_metrics(str(tmp_path), {"eval_accuracy": 0.95, "eval_num_examples": 50, "epoch": 0.0}, trained=False)
+    versions = package_module("metrics").library_versions()
     assert json.loads((tmp_path / "metrics.json").read_text()) == {
-        "train_loss": 0.3, "epoch": 2.0, "eval_accuracy": 0.95, "eval_num_examples": 50}
+        "train_loss": 0.3, "epoch": 2.0, "eval_accuracy": 0.95, "eval_num_examples": 50, "versions": versions}
     write_metrics(str(tmp_path), {"train_loss": 0.1}, trained=True)  # a new training run writes it whole
-    assert json.loads((tmp_path / "metrics.json").read_text()) == {"train_loss": 0.1}
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {"train_loss": 0.1, "versions": versions}
 
 
 def test_a_run_is_finished_when_no_step_is_left_and_its_metrics_are_written(tmp_path: Path) -> None:

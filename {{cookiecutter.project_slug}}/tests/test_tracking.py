@@ -3,13 +3,17 @@ from ranks other than 0. Trained for real with each tracker: the template's proo
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 from pathlib import Path
 
 import pytest
-from conftest import IS_NATIVE, package_module
+from conftest import IS_NATIVE, REQUIRED, package_module
 
+config = package_module("config")
 tracking = package_module("tracking")
+trackers = package_module("trackers")
 TRACKER_ENV_PREFIXES = ("WANDB_", "MLFLOW_", "TENSORBOARD_")
 
 
@@ -28,21 +32,46 @@ def tracker_free_environ():
 @pytest.mark.usefixtures("tracker_free_environ")
 def test_other_ranks_write_nothing_and_start_no_tracker(tmp_path: Path) -> None:
     output_dir = tmp_path / "out"
-    tracking.configure_tracker(tracking.TRACKERS, str(output_dir), is_main_process=False)
-    assert list(tmp_path.iterdir()) == []
-    assert "WANDB_RUN_ID" not in os.environ and "MLFLOW_RUN_ID" not in os.environ
-    assert os.environ["WANDB_MODE"] == "offline"  # the same settings as rank 0, should a library read them
+    settings = {tracker: tracking.tracker_settings(tracker, str(output_dir), is_main_process=False)
+                for tracker in tracking.TRACKERS[1:]}
+    assert settings["wandb"] == {"WANDB_MODE": "offline", "WANDB_DIR": str(output_dir.resolve()),
+                                 "WANDB_PROJECT": tracking.PROJECT}
+    assert "MLFLOW_RUN_ID" not in settings["mlflow"]  # the run is rank 0's
     if IS_NATIVE:
-        trackers = package_module("trackers")
         assert trackers.start_tracker("wandb", str(output_dir), {}, is_main_process=False) is None
+    else:  # the same settings as rank 0, should a library read them
+        trackers.configure_trackers(tracking.TRACKERS, str(output_dir), is_main_process=False)
+        assert os.environ["WANDB_MODE"] == "offline" and "WANDB_RUN_ID" not in os.environ
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.usefixtures("tracker_free_environ")
 def test_settings_you_made_win_over_the_offline_defaults(tmp_path: Path) -> None:
     os.environ.update(WANDB_MODE="online", WANDB_PROJECT="mine", WANDB_RUN_ID="given",
                       TENSORBOARD_LOGGING_DIR=str(tmp_path / "board"))
-    tracking.configure_tracker(["tensorboard", "wandb"], str(tmp_path / "out"), is_main_process=True)
-    assert (os.environ["WANDB_MODE"], os.environ["WANDB_PROJECT"], os.environ["WANDB_RUN_ID"]) == (
-        "online", "mine", "given")
-    assert os.environ["TENSORBOARD_LOGGING_DIR"] == str(tmp_path / "board")
+    output_dir = str(tmp_path / "out")
+    wandb = tracking.tracker_settings("wandb", output_dir, is_main_process=True)
+    assert (wandb["WANDB_MODE"], wandb["WANDB_PROJECT"], wandb["WANDB_RUN_ID"]) == ("online", "mine", "given")
+    tensorboard = tracking.tracker_settings("tensorboard", output_dir, is_main_process=True)
+    assert tensorboard == {"TENSORBOARD_LOGGING_DIR": str(tmp_path / "board")}
     assert not (tmp_path / "out" / tracking.RUN_FILE).exists()  # nothing recorded: your run id is used as given
+
+
+@pytest.mark.usefixtures("tracker_free_environ")
+def test_rank_0_records_a_run_id_that_the_next_run_of_the_output_dir_continues(tmp_path: Path) -> None:
+    first = tracking.tracker_settings("wandb", str(tmp_path), is_main_process=True)
+    assert (first["WANDB_DIR"], first["WANDB_RESUME"]) == (str(tmp_path.resolve()), "allow")
+    assert tracking.tracker_settings("wandb", str(tmp_path), is_main_process=True) == first
+    assert json.loads((tmp_path / tracking.RUN_FILE).read_text()) == {"wandb": first["WANDB_RUN_ID"]}
+
+
+@pytest.mark.parametrize("tracker", ["tensorboard", "wandb", "mlflow"])
+def test_a_tracker_that_is_not_installed_is_refused_with_its_pip_command(tracker: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: None if name == tracker else real_find_spec(name, *rest))
+    with pytest.raises(config.ConfigError) as refusal:
+        config.parse_args(package_module("training_args").TrainingArguments, [*REQUIRED, "--report_to", tracker])
+    assert str(refusal.value) == (f"--report_to {tracker}: the {tracker} package is not installed; "
+                                  f'pip install -e ".[{tracker}]" (or leave --report_to at none)')

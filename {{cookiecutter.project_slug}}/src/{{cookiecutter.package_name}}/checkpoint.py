@@ -1,8 +1,8 @@
 """The native loop's checkpoints: save (atomically), load and rotate (resume.py finds the newest).
 
-output_dir/checkpoint-N holds model_and_optimizer/ (the weights and AdamW's state, through
-torch.distributed.checkpoint, which reshards on load; with LoRA only the trainable tensors), config.json
-(with LoRA, adapter_config.json), the tokenizer, batch_plan.json and, written last, training_state.pt: the
+output_dir/checkpoint-N holds model_and_optimizer/ (the trainable weights and AdamW's state, through
+torch.distributed.checkpoint, which reshards on load), the model's config, the tokenizer,
+batch_plan.json and, written last, training_state.pt: the
 state_dict() of the parts the loop hands over (schedule, scaler, its position), every rank's RNG state,
 and the labels and model type a resume must match. As torchtitan's checkpointer, it knows those parts
 only as Stateful, and nothing of the loop.
@@ -26,15 +26,18 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.checkpoint.stateful import Stateful
 from transformers import PreTrainedTokenizerBase
 
+#% if cookiecutter.include_lora
+from . import lora, resume
+#% else
 from . import resume
+#% endif
 from .config import BATCH_PLAN, ConfigError, check_same_batch_plan
 from .distributed import is_distributed
-from .modeling import check_same_lora, is_lora, lora_rank
 from .training_args import CHECKPOINT_LAST_FILE as TRAINING_STATE
 
 SHARDED_STATE = "model_and_optimizer"  # DCP's folder in each checkpoint
-# The frozen base of a LoRA model is the pretrained one: not saved in every checkpoint, and so not loaded
-# either (strict=False: check_same_model has compared every saved name and shape with this model's).
+# Frozen weights stay as loaded: not saved in every checkpoint, and so not loaded either (strict=False:
+# check_same_model has compared every saved name and shape with this model's).
 STATE_OPTIONS = StateDictOptions(ignore_frozen_params=True)
 LOAD_OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)
 
@@ -70,10 +73,12 @@ class Checkpointer:
         with without_dcp_notices():
             dcp.save(self.sharded_state(), checkpoint_id=temporary / SHARDED_STATE)
         if rng_states is not None:
-            if is_lora(self.model):  # adapter_config.json (its LoRA rank); no config.json: no model's weights
-                self.model.peft_config["default"].save_pretrained(temporary)
-            else:
-                self.model.config.save_pretrained(temporary)
+            config = self.model.config  # config.json
+            #% if cookiecutter.include_lora
+            if lora.is_lora(self.model):  # adapter_config.json (its rank); no config.json: no model's weights
+                config = self.model.peft_config["default"]
+            #% endif
+            config.save_pretrained(temporary)
             self.tokenizer.save_pretrained(temporary)
             # Also on its own: a resume reads it before it builds the loader (config.read_batch_plan).
             (temporary / BATCH_PLAN).write_text(json.dumps(self.batch_plan) + "\n")
@@ -131,7 +136,9 @@ class Checkpointer:
     def check_same_model(self, checkpoint: Path, state: dict, weights: dict[str, torch.Tensor]) -> None:
         """Refuse to resume a different model or label set, which would fail obscurely or silently. The
         checkpoint's tensors are compared by name and whole shape, as DCP's metadata lists them."""
-        check_same_lora(checkpoint, lora_rank(self.model))
+        #% if cookiecutter.include_lora
+        lora.check_same_rank(checkpoint, lora.rank_of(self.model))
+        #% endif
         metadata = dcp.FileSystemReader(checkpoint / SHARDED_STATE).read_metadata().state_dict_metadata
         saved = {name.removeprefix("model."): tuple(entry.size) for name, entry in metadata.items()
                  if name.startswith("model.")}

@@ -40,20 +40,6 @@ class ModelArguments:
     revision: str = flag("main", "Branch, tag or commit.")
     trust_remote_code: bool = flag(False, "Run model code from the Hub.")
     ignore_mismatched_sizes: bool = flag(False, "New head if label counts differ.")
-    lora_r: int = flag(0, "LoRA rank; 0: train every weight.")
-    lora_alpha: float = flag(16, "LoRA scale: updates times alpha / r.")
-    lora_dropout: float = flag(0.05, "Dropout on the LoRA inputs.")
-    lora_target_modules: str = flag("all-linear", "Layers to adapt, or all-linear.")
-
-    def __post_init__(self) -> None:
-        if self.lora_r < 0:
-            raise ConfigError(f"--lora_r {self.lora_r}: must be >= 0 (0 trains every weight, without LoRA)")
-        if self.lora_alpha <= 0:
-            raise ConfigError(f"--lora_alpha {self.lora_alpha}: must be > 0")
-        if not 0 <= self.lora_dropout < 1:
-            raise ConfigError(f"--lora_dropout {self.lora_dropout}: must be from 0 up to (not including) 1")
-        if not self.lora_target_modules.replace(",", "").strip():
-            raise ConfigError("--lora_target_modules is empty: pass all-linear or layer names such as q_proj,v_proj")
 
 
 @dataclass
@@ -133,7 +119,7 @@ def check_training_settings(args: Any) -> None:
 def schedule_kwargs(schedule: str, kwargs: dict | str | None) -> dict:
     """--lr_scheduler_kwargs as a dict (JSON on the command line), checked by building the schedule once: a
     setting it needs (cosine_with_min_lr's min_lr_rate) or does not take fails here, not in every worker."""
-    from transformers import get_scheduler  # here: its module imports peft, which predict never needs
+    from transformers import get_scheduler  # here: predict never needs its module, slow to import
 
     given = kwargs if isinstance(kwargs, str) else json.dumps(kwargs or {})
     try:
@@ -262,6 +248,10 @@ def parse_flags(parser: HfArgumentParser, argv: list[str] | None) -> tuple:
 
 def parse_args(training_args_class: type, argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, Any]:
     """Parse `[CONFIG] [--flag value ...]`: the file sets values, the flags override them."""
+    #% if cookiecutter.include_lora
+    from .lora import LoraArguments as ModelArguments  # with LoRA's flags (here: lora.py imports config)
+
+    #% endif
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = HfArgumentParser(
         (ModelArguments, DataArguments, training_args_class), usage="%(prog)s [CONFIG] [--flag value ...]",

@@ -132,6 +132,22 @@ def sharded_forward(model: torch.nn.Module, rows: datasets.Dataset, batches: Cal
     return gathered[0], gathered[1] if labelled else None, float(loss_sum)
 
 
+#% if cookiecutter.include_fsdp and (cookiecutter.training_loop == "native" or cookiecutter.include_lora)
+def gathered_on_rank0(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state_dict's tensors whole, in fp32 as trained, on rank 0's CPU ({} elsewhere), one at a time on
+    the device. Every rank calls it."""
+    from torch.distributed.tensor import DTensor  # here: only FSDP's runs gather
+
+    rank, whole = dist.get_rank(), {}
+    for name, tensor in state.items():
+        if isinstance(tensor, DTensor):
+            tensor = tensor.full_tensor()
+        if rank == 0:
+            whole[name] = tensor.detach().cpu()
+    return whole
+
+
+#% endif
 def setup_logging(is_main_process: bool) -> None:
     """Progress from rank 0, warnings and errors from the others; of the libraries' progress bars only the
     data set's tokenising, on a terminal."""

@@ -3,21 +3,24 @@
     python -m <package>.merge_lora --model_name_or_path OUTPUT_DIR --output_dir MERGED_DIR
 
 OUTPUT_DIR is a run's output_dir, which holds the adapters and the head next to the frozen base
-(modeling.save_lora_base). MERGED_DIR gets one model of the base's architecture, whose linear layers
+(lora.save_base). MERGED_DIR gets one model of the base's architecture, whose linear layers
 hold W + (alpha / r) BA, with the trained head and the tokenizer: it predicts as OUTPUT_DIR does (to
 float rounding) and as fast as a model trained without LoRA.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from transformers import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING, AutoConfig, AutoTokenizer, HfArgumentParser
 
 from .config import ConfigError, check_local_path, parse_flags
 from .distributed import print_error
-from .modeling import ADAPTER_CONFIG, LOAD_OPTIONS, quiet_peft, read_weights
+from .lora import ADAPTER_CONFIG, quiet_peft
+from .modeling import LOAD_OPTIONS
 
 
 @dataclass
@@ -45,6 +48,16 @@ def merge_lora(source: str, destination: str) -> Path:
     merged.save_pretrained(destination)
     AutoTokenizer.from_pretrained(source).save_pretrained(destination)
     return Path(destination)
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    import safetensors.torch
+
+    index = folder / "model.safetensors.index.json"
+    files = ["model.safetensors"]
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    return {key: value for name in files for key, value in safetensors.torch.load_file(folder / name).items()}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import platform
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -98,7 +101,7 @@ def classification_metrics(predictions: np.ndarray, labels: np.ndarray, label_na
 
 
 def scalars(logs: dict) -> dict[str, float]:
-    """The numbers of a log entry, for log lines and TensorBoard (per-class tables stay in metrics.json)."""
+    """The numbers of a log entry, as its log line holds them (per-class tables stay in metrics.json)."""
     return {key: value for key, value in logs.items() if isinstance(value, (int, float))}
 
 
@@ -109,13 +112,28 @@ def write_log_line(step: int, logs: dict) -> dict[str, float]:
     return entry
 
 
+def library_versions() -> dict[str, str]:
+    """The versions a run used: Python, torch and its CUDA, and the Hugging Face libraries installed."""
+    import torch
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
+    for name in ("transformers", "accelerate", "datasets", "tokenizers"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[name] = metadata.version(name)
+    #% if cookiecutter.include_lora
+    versions["peft"] = metadata.version("peft")
+    #% endif
+    return versions
+
+
 def write_metrics(output_dir: str, metrics: dict, trained: bool) -> Path:
-    """Write output_dir/metrics.json. A run that trained writes it whole; a run that only evaluated
-    replaces the eval_* figures and keeps the train figures of the run that wrote it."""
+    """Write output_dir/metrics.json with library_versions(). A run that trained writes it whole; one that
+    only evaluated replaces the eval_* figures and keeps the train figures of the run that wrote it."""
     path = Path(output_dir) / "metrics.json"
     if not trained and path.is_file():
         kept = {key: value for key, value in json.loads(path.read_text()).items() if not key.startswith("eval_")}
         metrics = kept | {key: value for key, value in metrics.items() if key.startswith("eval_")}
+    metrics = metrics | {"versions": library_versions()}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     return path

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
+#% if cookiecutter.include_lora
+from . import lora
+#% endif
 from .config import ConfigError, ModelArguments, check_local_path, model_not_found
 from .data import MODEL_INPUTS, Task
 from .distributed import some_of
@@ -20,11 +20,10 @@ from .distributed import some_of
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-# transformers' model classes are imported where a model is built: the preflight, which builds none
-# without LoRA or gradient checkpointing, then starts without importing them.
+# transformers' model classes are imported where a model is built: the preflight, which builds one only
+# to check a setting against the architecture (check_model_settings), then starts without importing them.
 
-ADAPTER_CONFIG = "adapter_config.json"  # peft's: a folder holding it holds a LoRA adapter
-# How every model here loads (training, predict.py, merge_lora.py):
+# How every model here loads:
 # - float32: transformers 5 loads in the checkpoint's dtype, often fp16 or bf16 on the Hub; trained so,
 #   AdamW loses small updates and GradScaler refuses fp16 gradients. Mixed precision is autocast's job.
 # - no Hub kernels: from 5.25, with the `kernels` package (a transformers dependency) installed, a CUDA
@@ -75,8 +74,7 @@ def load_model(model_args: ModelArguments, task: Task, tokenizer: PreTrainedToke
     """A sequence classifier in fp32, one output per class (one for regression), with the task in its
     config (Task.as_config). A tokenizer's pad token becomes the config's: a decoder's head reads each row's
     logits at its last token that is not the pad token, and without one refuses batches of more than one
-    row. --lora_r > 0 wraps it in LoRA adapters; freeze_unused (with a tokenizer) freezes the parameters
-    the forward never uses."""
+    row. freeze_unused (with a tokenizer) freezes the parameters the forward never uses."""
     name, labels = model_args.model_name_or_path, dict(enumerate(task.label_names))
     check_local_path(name)
     try:
@@ -104,13 +102,13 @@ def load_model(model_args: ModelArguments, task: Task, tokenizer: PreTrainedToke
         ) from None
     except (OSError, ValueError) as err:
         raise model_not_found(name, type(err).__name__) from None
-    if model_args.lora_r > 0:
-        model = wrap_with_lora(model, model_args)
+    #% if cookiecutter.include_lora
+    model = lora.apply_adapters(model, model_args)  # with --lora_r > 0
+    #% endif
     if freeze_unused:
         freeze_unused_parameters(model, example_inputs(tokenizer, task))
     trainable, total = parameter_counts(model).values()
-    logger.info("parameters: %d trainable of %d (%.2f%%)%s", trainable, total, 100 * trainable / total,
-                f", LoRA r={model_args.lora_r}" if model_args.lora_r > 0 else "")
+    logger.info("parameters: %d trainable of %d (%.2f%%)", trainable, total, 100 * trainable / total)
     return model
 
 
@@ -149,7 +147,7 @@ def freeze_unused_parameters(model: torch.nn.Module, inputs: dict[str, torch.Ten
     """Freeze the trainable parameters the classification forward never uses, and name them in one line.
 
     Some architectures carry weights their head skips (BigBird's pooler, ESM's contact head, XLNet's mask
-    embedding), and LoRA may put adapters on them. Without a gradient they never learn, and DDP, which
+    embedding). Without a gradient they never learn, and DDP, which
     all-reduces a bucket once all its parameters have gradients, would never reduce theirs: the ranks'
     gradients would part at the first step. Frozen, DDP leaves them out. A model that uses other
     parameters on other inputs (a mixture of experts) must keep them: --ddp_find_unused_parameters true."""
@@ -160,76 +158,6 @@ def freeze_unused_parameters(model: torch.nn.Module, inputs: dict[str, torch.Ten
         logger.info("froze %s: the classification forward never uses them, so they could not learn, and DDP "
                     "would wait for their gradients", some_of(unused))
     return unused
-
-
-def head_modules(model: PreTrainedModel) -> list[str]:
-    """The classifier head: the model's top-level modules with weights, other than the pretrained body
-    (e.g. classifier; score; pre_classifier and classifier; pooler and classifier)."""
-    return [name for name, module in model.named_children()
-            if name != model.base_model_prefix and any(True for _ in module.parameters())]
-
-
-def lora_targets(model: PreTrainedModel, target_modules: str) -> list[str]:
-    """The full names of the body's linear layers that get adapters: every one for "all-linear", else
-    those whose own name is in the comma-separated list (e.g. q_proj,v_proj). The head is never one."""
-    from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
-
-    body = model.base_model_prefix
-    linear = {f"{body}.{name}": name.rpartition(".")[2] for name, module in model.get_submodule(body).named_modules()
-              if isinstance(module, (torch.nn.Linear, Conv1D))}
-    if not linear:
-        raise ConfigError(f"--lora_r: {model.config.model_type} has no linear layers to add LoRA adapters "
-                          "to; pass --lora_r 0")
-    if target_modules == "all-linear":
-        return sorted(linear)
-    wanted = {name.strip() for name in target_modules.split(",") if name.strip()}
-    unknown = sorted(wanted - set(linear.values()))
-    if unknown:
-        raise ConfigError(f"--lora_target_modules {target_modules}: {model.config.model_type} has no linear "
-                          f"layer named {', '.join(unknown)}; its linear layers are named "
-                          f"{', '.join(sorted(set(linear.values())))} (or pass all-linear)")
-    return sorted(full for full, own in linear.items() if own in wanted)
-
-
-def wrap_with_lora(model: PreTrainedModel, model_args: ModelArguments) -> torch.nn.Module:
-    """Freeze the model, add trainable low-rank adapters to its body's linear layers and train its head in
-    full (peft's modules_to_save: a trainable copy, saved with the adapter)."""
-    from peft import LoraConfig, TaskType, get_peft_model
-    from transformers.pytorch_utils import Conv1D
-
-    targets = lora_targets(model, model_args.lora_target_modules)
-    lora_config = LoraConfig(
-        task_type=TaskType.SEQ_CLS, r=model_args.lora_r, lora_alpha=model_args.lora_alpha,
-        lora_dropout=model_args.lora_dropout, target_modules=targets, modules_to_save=head_modules(model),
-        # GPT-2's linear layers are Conv1D, which store their weight transposed.
-        fan_in_fan_out=isinstance(model.get_submodule(targets[0]), Conv1D),
-    )
-    with quiet_peft():
-        return get_peft_model(model, lora_config)
-
-
-@contextlib.contextmanager
-def quiet_peft() -> Iterator[None]:
-    """Without the FutureWarning peft 0.21 triggers on every rank: it reads transformers' old name for
-    is_activation_checkpointing."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
-        yield
-
-
-def is_lora(model: torch.nn.Module) -> bool:
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel)
-
-
-def check_same_lora(checkpoint: Path, lora_r: int) -> None:
-    """Refuse to resume a LoRA checkpoint (adapters only) without LoRA or at another rank, or the reverse."""
-    adapter_config = checkpoint / ADAPTER_CONFIG
-    saved_r = json.loads(adapter_config.read_text())["r"] if adapter_config.is_file() else 0
-    if saved_r != lora_r:
-        raise ConfigError(f"checkpoint {str(checkpoint)!r} was trained with --lora_r {saved_r}, this run has "
-                          f"--lora_r {lora_r}: pass --lora_r {saved_r} to resume it, or use a new --output_dir")
 
 
 def check_labels_fit(model_dir: Path, task: Task, what: str, same_names: bool = False) -> None:
@@ -256,46 +184,20 @@ def check_labels_fit(model_dir: Path, task: Task, what: str, same_names: bool = 
         )
 
 
-def lora_rank(model: torch.nn.Module) -> int:
-    return model.peft_config["default"].r if is_lora(model) else 0
-
-
-def classifier_of(model: torch.nn.Module) -> PreTrainedModel:
-    return model.get_base_model() if is_lora(model) else model
-
-
 def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
     parameters = list(model.parameters())
     return {"trainable_parameters": sum(p.numel() for p in parameters if p.requires_grad),
             "total_parameters": sum(p.numel() for p in parameters)}
 
 
-def save_lora_base(model: torch.nn.Module, folder: str | Path, state_dict: dict | None = None) -> None:
-    """Beside a LoRA model's adapter, write its frozen body and untrained head, with the config, so that
-    AutoModelForSequenceClassification, pipeline and predict.py load the folder whole. No-op without LoRA.
-    state_dict: those weights already gathered (get_base_model_state_dict of a sharded model)."""
-    if not is_lora(model):
-        return
-    from peft import get_base_model_state_dict
-
-    base_weights = get_base_model_state_dict(model) if state_dict is None else state_dict
-    model.get_base_model().save_pretrained(folder, state_dict=base_weights)
-
-
-def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    import safetensors.torch
-
-    index = folder / "model.safetensors.index.json"
-    files = ["model.safetensors"]
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    return {key: value for name in files for key, value in safetensors.torch.load_file(folder / name).items()}
-
-
 def check_model_settings(model_args: ModelArguments, gradient_checkpointing: bool) -> None:
-    """Check the LoRA layers and gradient checkpointing against the model's architecture, built from its
-    config on the meta device: no weights are read (preflight.py, in one process)."""
-    if model_args.lora_r == 0 and not gradient_checkpointing:
+    """Check settings against the model's architecture, built from its config on the meta device: no
+    weights are read (preflight.py, in one process)."""
+    checks = [check_gradient_checkpointing] if gradient_checkpointing else []
+    #% if cookiecutter.include_lora
+    checks = lora.architecture_checks(model_args) + checks  # first --lora_target_modules, with --lora_r > 0
+    #% endif
+    if not checks:
         return
     name = model_args.model_name_or_path
     try:
@@ -306,25 +208,11 @@ def check_model_settings(model_args: ModelArguments, gradient_checkpointing: boo
 
     with torch.device("meta"):
         model = AutoModelForSequenceClassification.from_config(config, trust_remote_code=model_args.trust_remote_code)
-    if model_args.lora_r > 0:
-        lora_targets(model, model_args.lora_target_modules)
-    if gradient_checkpointing:
-        check_gradient_checkpointing(model)
+    for check in checks:
+        check(model)
 
 
 def check_gradient_checkpointing(model: PreTrainedModel) -> None:
     if not model.supports_gradient_checkpointing:
         raise ConfigError(f"--gradient_checkpointing: transformers' {type(model).__name__} does not support "
                           "it; leave it out")
-
-
-def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
-    """Recompute each layer's activations in the backward pass instead of keeping them.
-
-    Non-reentrant, as the Trainer's default: the reentrant form sends no gradient through a layer whose
-    inputs need none, as under LoRA with frozen embeddings. Only transformers' hook making the embeddings'
-    output need one saves it there; without it the checkpointed adapters got no gradient and DDP stopped
-    at the next step ("Expected to have finished reduction")."""
-    classifier = classifier_of(model)
-    check_gradient_checkpointing(classifier)
-    classifier.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})

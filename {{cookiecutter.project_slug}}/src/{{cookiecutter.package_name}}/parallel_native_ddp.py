@@ -45,7 +45,7 @@ def wrap_in_ddp(module: torch.nn.Module, args: TrainingArguments, env: TorchrunE
                 device: torch.device) -> torch.nn.Module:
     if env.world_size == 1:
         return module
-    # DDP all-reduces the gradients of the parameters that require one: under LoRA, the adapters' and head's.
+    # DDP all-reduces the gradients of the trainable parameters only.
     return DistributedDataParallel(
         module,  # its constructor broadcasts rank 0's weights, so every rank starts identical
         device_ids=[env.local_rank] if device.type == "cuda" else None,
@@ -89,7 +89,6 @@ def whole_weights(module: torch.nn.Module) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def final_weights(module: torch.nn.Module) -> tuple[dict | None, dict | None]:
-    """The state_dicts the final save_pretrained writes, the model's and with LoRA its base's: None, None,
-    for the module's own (every rank holds them whole). Every rank calls it."""
-    return None, None
+def final_weights(module: torch.nn.Module) -> None:
+    """The state_dict the final save_pretrained writes: None, the module's own (every rank holds it whole)."""
+    return None

@@ -16,15 +16,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+#% if cookiecutter.include_lora
+from . import lora
+#% endif
 from .config import ConfigError, flag
-from .distributed import assert_gradients_synchronised
+from .distributed import assert_gradients_synchronised, gathered_on_rank0
 from .torchrun import TorchrunEnv
 
 if TYPE_CHECKING:  # training_args imports this module, for ParallelArguments
@@ -74,7 +76,7 @@ def wrap_in_ddp(module: torch.nn.Module, args: TrainingArguments, env: TorchrunE
                 device: torch.device) -> torch.nn.Module:
     if env.world_size == 1:
         return module
-    # DDP all-reduces the gradients of the parameters that require one: under LoRA, the adapters' and head's.
+    # DDP all-reduces the gradients of the trainable parameters only.
     return DistributedDataParallel(
         module,  # its constructor broadcasts rank 0's weights, so every rank starts identical
         device_ids=[env.local_rank] if device.type == "cuda" else None,
@@ -115,11 +117,11 @@ def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
     lists = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList)
              and len({type(block) for block in module}) == 1 and any(True for _ in module.parameters())]
     if not lists:
-        from .modeling import classifier_of  # here: training_args imports this module, needing no model
-
-        name = type(classifier_of(model)).__name__
-        raise ConfigError(f"--fsdp: found no list of repeated transformer blocks in {name} to shard one by "
-                          "one; train it without --fsdp")
+        #% if cookiecutter.include_lora
+        model = lora.classifier_of(model)  # its own class's name, not peft's wrapper's
+        #% endif
+        raise ConfigError(f"--fsdp: found no list of repeated transformer blocks in {type(model).__name__} to "
+                          "shard one by one; train it without --fsdp")
     return max(lists, key=lambda blocks: sum(p.numel() for p in blocks.parameters()))
 
 
@@ -176,31 +178,15 @@ def whole_weights(model: torch.nn.Module) -> Iterator[None]:
             module.set_reshard_after_forward(module is not model, recurse=False)
 
 
-def final_weights(module: torch.nn.Module) -> tuple[dict | None, dict | None]:
-    """The final save's state_dicts, the model's and with LoRA its base's: None, None (the module's own), or
-    under FSDP gathered on rank 0: with LoRA the trainable tensors (all peft saves) and the base's, so that
-    no weight is gathered twice. Every rank calls it."""
+def final_weights(module: torch.nn.Module) -> dict | None:
+    """The state_dict the final save_pretrained writes: None (the module's own), or under FSDP its tensors
+    gathered whole on rank 0 ({} elsewhere). Every rank calls it."""
     if not is_sharded(module):
-        return None, None
-    from .modeling import is_lora  # here: training_args imports this module, needing no model
-
+        return None
     state = module.state_dict()
-    if not is_lora(module):
-        return gathered_on_rank0(state), None
-    from peft import get_base_model_state_dict
-
-    trainable = {name for name, parameter in module.named_parameters() if parameter.requires_grad}
-    adapters = gathered_on_rank0({name: tensor for name, tensor in state.items() if name in trainable})
-    return adapters, gathered_on_rank0(get_base_model_state_dict(module))
-
-
-def gathered_on_rank0(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A state_dict's tensors whole, in fp32 as trained, on rank 0's CPU ({} elsewhere), one at a time on
-    the device. Every rank calls it."""
-    rank, whole = dist.get_rank(), {}
-    for name, tensor in state.items():
-        if isinstance(tensor, DTensor):
-            tensor = tensor.full_tensor()
-        if rank == 0:
-            whole[name] = tensor.detach().cpu()
-    return whole
+    #% if cookiecutter.include_lora
+    if lora.is_lora(module):  # its trainable tensors, all that peft saves; lora.save_base gathers the base
+        trainable = {name for name, parameter in module.named_parameters() if parameter.requires_grad}
+        state = {name: tensor for name, tensor in state.items() if name in trainable}
+    #% endif
+    return gathered_on_rank0(state)

@@ -14,9 +14,7 @@ from transformers import TrainerCallback
 from .config import ConfigError
 from .distributed import assert_gradients_synchronised
 
-if TYPE_CHECKING:  # training_args imports this module; the Trainer's import is slow
-    from transformers import Trainer
-
+if TYPE_CHECKING:  # training_args imports this module
     from .training_args import TrainingArguments
 
 
@@ -60,9 +58,3 @@ def whole_weights(model: torch.nn.Module) -> contextlib.AbstractContextManager:
     """Around predict, whose ranks may run different numbers of batches: every rank holds the whole weights
     already, and the model's forward communicates nothing."""
     return contextlib.nullcontext()
-
-
-def lora_base_weights(trainer: Trainer) -> dict | None:
-    """With LoRA, the frozen base's state_dict for the final save (modeling.save_lora_base): None, for the
-    model's own. Every rank calls it."""
-    return None

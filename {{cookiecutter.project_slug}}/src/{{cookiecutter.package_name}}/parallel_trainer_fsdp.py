@@ -11,17 +11,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 from transformers import TrainerCallback
 
+#% if cookiecutter.include_lora
+from . import lora
+#% endif
 from .config import ConfigError
 from .distributed import assert_gradients_synchronised
 
-if TYPE_CHECKING:  # training_args imports this module; the Trainer's import is slow
-    from transformers import Trainer
-
+if TYPE_CHECKING:  # training_args imports this module
     from .training_args import TrainingArguments
 
 logger = logging.getLogger(__name__)
@@ -89,11 +88,11 @@ def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
     lists = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList)
              and len({type(block) for block in module}) == 1 and any(True for _ in module.parameters())]
     if not lists:
-        from .modeling import classifier_of  # here: training_args imports this module, needing no model
-
-        name = type(classifier_of(model)).__name__
-        raise ConfigError(f"--fsdp: found no list of repeated transformer blocks in {name} to shard one by "
-                          "one; train it without --fsdp")
+        #% if cookiecutter.include_lora
+        model = lora.classifier_of(model)  # its own class's name, not peft's wrapper's
+        #% endif
+        raise ConfigError(f"--fsdp: found no list of repeated transformer blocks in {type(model).__name__} to "
+                          "shard one by one; train it without --fsdp")
     return max(lists, key=lambda blocks: sum(p.numel() for p in blocks.parameters()))
 
 
@@ -139,20 +138,3 @@ def whole_weights(model: torch.nn.Module) -> Iterator[None]:
             module.reshard()
             # fully_shard's defaults: blocks reshard after forward, the root keeps its weights until backward.
             module.set_reshard_after_forward(module is not model, recurse=False)
-
-
-def lora_base_weights(trainer: Trainer) -> dict | None:
-    """With LoRA, the frozen base's state_dict for the final save: None (the model's own), or under FSDP its
-    tensors whole, in fp32 as trained, on rank 0's CPU ({} elsewhere), one at a time on the device. Every
-    rank calls it."""
-    if not trainer.is_fsdp_enabled:
-        return None
-    from peft import get_base_model_state_dict
-
-    rank, whole = dist.get_rank(), {}
-    for name, tensor in get_base_model_state_dict(trainer.model).items():
-        if isinstance(tensor, DTensor):
-            tensor = tensor.full_tensor()
-        if rank == 0:
-            whole[name] = tensor.detach().cpu()
-    return whole

@@ -22,6 +22,9 @@ from datasets import Dataset, DatasetDict
 from torch.utils.data import DataLoader
 from transformers import AutoModelForSequenceClassification, HfArgumentParser, PreTrainedModel
 
+#% if cookiecutter.include_lora
+from . import lora
+#% endif
 from .config import (
     DATA_SUFFIXES,
     ConfigError,
@@ -41,7 +44,7 @@ from .distributed import (
     start_distributed,
 )
 from .metrics import predict_from_logits
-from .modeling import ADAPTER_CONFIG, LOAD_OPTIONS, load_tokenizer
+from .modeling import LOAD_OPTIONS, load_tokenizer
 from .torchrun import TorchrunEnv
 
 logger = logging.getLogger(f"{__package__}.predict")
@@ -95,12 +98,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def load_trained_model(path: str, device: torch.device) -> tuple[PreTrainedModel, object, Task]:
-    """A trained model, its tokenizer and task. A LoRA run's output_dir loads whole: transformers finds
-    the adapter beside the base (modeling.save_lora_base)."""
+    """A trained model, its tokenizer and task."""
     check_local_path(path)
-    if Path(path, ADAPTER_CONFIG).is_file() and not Path(path, "config.json").is_file():
-        raise ConfigError(f"--model_name_or_path {path!r} holds a LoRA adapter without its base (a checkpoint of a "
-                          "--lora_r run): predict from the run's output_dir, which holds both")
+    #% if cookiecutter.include_lora
+    lora.refuse_adapter_without_base(path)  # a LoRA run's output_dir loads whole, its checkpoint-N does not
+    #% endif
     if Path(path, "model_and_optimizer").is_dir():  # the native loop's checkpoint-N (checkpoint.py)
         raise ConfigError(f"--model_name_or_path {path!r} is a checkpoint to resume from, its weights sharded in "
                           "model_and_optimizer/: predict from the run's output_dir, which holds the final model")

@@ -16,11 +16,14 @@ from pathlib import Path
 
 import torch
 
+#% if cookiecutter.include_lora
+from . import lora
+#% endif
 from .config import ConfigError, DataArguments, ModelArguments, check_batch_fits, check_local_path, parse_args
 from .data import decide_task, load_raw_datasets
 from .device import resolve_device_settings
 from .distributed import setup_logging
-from .modeling import check_labels_fit, check_model_settings, check_same_lora, load_tokenizer
+from .modeling import check_labels_fit, check_model_settings, load_tokenizer
 from .resume import agree_on_resume_checkpoint
 from .training_args import CHECKPOINT_LAST_FILE, TrainingArguments
 
@@ -54,7 +57,9 @@ def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingAr
         checkpoint = agree_on_resume_checkpoint(args.resume_from_checkpoint, args.output_dir, CHECKPOINT_LAST_FILE)
         if checkpoint is not None:
             check_labels_fit(checkpoint, task, "checkpoint", same_names=True)
-            check_same_lora(checkpoint, model_args.lora_r)
+            #% if cookiecutter.include_lora
+            lora.check_same_rank(checkpoint, model_args.lora_r)
+            #% endif
         # A checkpoint's batch split on this many processes: the Trainer's same split, or the native loop's
         # same global batch (a requeued job that came back on fewer nodes).
         check_batch_fits(len(raw["train"]), world_size, args.per_device_train_batch_size,

@@ -4,9 +4,6 @@
 smoke run goes through the same loading code as a real model and dataset, with no network. Next to
 the sentiment task (train.jsonl, validation.jsonl) it writes one folder per other task type:
 pairs/ (sentence pairs), regression/ (a float score) and multilabel/ (a list of topics).
-`--decoders llama,qwen2,gpt2` also writes tiny-<family>/: a tiny decoder of that family, saved as its
-language model (the classifier head is new, as for a real checkpoint), with a tokenizer shaped like
-the family's own.
 """
 
 from __future__ import annotations
@@ -18,14 +15,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    BertConfig,
-    BertForSequenceClassification,
-    BertTokenizer,
-    PreTrainedTokenizerBase,
-)
+from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 POSITIVE = ["good", "great", "superb", "moving", "brilliant", "fun", "charming", "wonderful"]
@@ -128,53 +118,6 @@ def build_tokenizer() -> BertTokenizer:
     return BertTokenizer(vocab={token: i for i, token in enumerate(vocab)}, model_max_length=128)
 
 
-# Each tokenizer as the family ships it: Llama's with bos and eos but no pad token, padding on the left;
-# GPT-2's byte-level, with one token for bos, eos and unk, and no pad token; Qwen2's byte-level, padding
-# with its eos token, which the model's config does not name.
-DECODERS = ("llama", "qwen2", "gpt2")
-
-
-def train_bpe(byte_level: bool, special_tokens: list[str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """BPE vocabulary and merges learned from the smoke words: every word becomes one token."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE(unk_token=None if byte_level else special_tokens[0]))
-    tokenizer.pre_tokenizer = (pre_tokenizers.ByteLevel(add_prefix_space=False) if byte_level
-                               else pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always"))
-    trainer = trainers.BpeTrainer(vocab_size=2048, special_tokens=special_tokens, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet() if byte_level else [])
-    tokenizer.train_from_iterator([f"{word} {word}" for word in WORDS], trainer)  # first in a text, and after one
-    model = json.loads(tokenizer.to_str())["model"]
-    return model["vocab"], [tuple(merge) for merge in model["merges"]]
-
-
-def build_decoder_tokenizer(family: str) -> PreTrainedTokenizerBase:
-    from transformers import GPT2Tokenizer, LlamaTokenizer, Qwen2Tokenizer
-
-    if family == "llama":
-        vocab, merges = train_bpe(byte_level=False, special_tokens=["<unk>", "<s>", "</s>"])
-        return LlamaTokenizer(vocab=vocab, merges=merges, add_bos_token=True, model_max_length=128)
-    vocab, merges = train_bpe(byte_level=True, special_tokens=["<|endoftext|>"])
-    tokenizer_class = {"gpt2": GPT2Tokenizer, "qwen2": Qwen2Tokenizer}[family]
-    return tokenizer_class(vocab=vocab, merges=merges, model_max_length=128)
-
-
-def make_tiny_decoder(family: str, folder: str | Path, seed: int = 0) -> Path:
-    """Write tiny-<family>'s tokenizer and language model (2 layers of width 64) into folder; the same
-    arguments give the same files."""
-    tokenizer = build_decoder_tokenizer(family)
-    tokenizer.save_pretrained(folder)
-    # GPT-2's config reads these names as its own n_embd, n_layer, n_head and n_positions.
-    sizes = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=128)
-    if family != "gpt2":
-        sizes |= dict(intermediate_size=128, num_key_value_heads=1)
-    config = AutoConfig.for_model(family, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                                  eos_token_id=tokenizer.eos_token_id, **sizes)
-    torch.manual_seed(seed)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    return Path(folder)
-
-
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
@@ -205,16 +148,9 @@ def main() -> None:
     parser.add_argument("--train_size", type=int, default=512, help="examples per task")
     parser.add_argument("--eval_size", type=int, default=101, help="odd on purpose: tests exact eval counts")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--decoders", default="", help=f"also tiny-<family>/ for these: {','.join(DECODERS)}")
     args = parser.parse_args()
-    families = [family for family in args.decoders.split(",") if family]
-    unknown = sorted(set(families) - set(DECODERS))
-    if unknown:
-        parser.error(f"--decoders {args.decoders}: no tiny {', '.join(unknown)}; choose from {', '.join(DECODERS)}")
     transformers.utils.logging.disable_progress_bar()  # no "Writing model shards" bar in logs
     path = make_smoke_assets(args.output_dir, args.train_size, args.eval_size, args.seed)
-    for family in families:
-        make_tiny_decoder(family, path / f"tiny-{family}", args.seed)
     print(f"smoke assets written to {path}/")
 
 

@@ -1,43 +1,57 @@
 """Experiment tracking (--report_to): offline by default, from rank 0 only, one tracker run per output_dir.
 
-`configure_tracker` runs on every rank before anything logs: it sets the environment variables each
-tracker reads, where you have not, for the Trainer's callbacks or the native loop's trackers.py. Rank 0
-records the run id in output_dir/tracker_run.json on the first run, and a resume continues that run.
+`tracker_settings` decides each tracker's settings, once: yours where you set its environment variable,
+else offline under output_dir. Rank 0 records the run id in output_dir/tracker_run.json on the first run,
+and a resume continues that run. trackers.py hands the settings to the loop's trackers.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import secrets
 from collections.abc import Callable, Collection
 from pathlib import Path
 
+from .config import ConfigError
+
 TRACKERS = ["none", "tensorboard", "wandb", "mlflow"]  # each one's package: an extra in pyproject.toml
 RUN_FILE = "tracker_run.json"
 PROJECT = __package__.split(".")[0]  # the wandb project and mlflow experiment, unless set
 
 
-def configure_tracker(report_to: Collection[str], output_dir: str, is_main_process: bool) -> None:
-    """Set the chosen trackers' defaults (offline, under output_dir); on rank 0 also their run ids."""
+def check_installed(report_to: Collection[str]) -> None:
+    """Refuse a tracker whose package is missing while parsing: one line, not a traceback in every worker."""
+    for tracker in TRACKERS[1:]:
+        if tracker in report_to and importlib.util.find_spec(tracker) is None:
+            raise ConfigError(f"--report_to {tracker}: the {tracker} package is not installed; "
+                              f'pip install -e ".[{tracker}]" (or leave --report_to at none)')
+
+
+def tracker_settings(tracker: str, output_dir: str, is_main_process: bool) -> dict[str, str]:
+    """`tracker`'s settings, each under the environment variable that sets it: yours where set, else offline
+    in output_dir. On rank 0 also the run to log into: yours, the one output_dir records, or a new one."""
     output = Path(output_dir).resolve()
-    if is_main_process and set(report_to) & set(TRACKERS[1:]):
-        output.mkdir(parents=True, exist_ok=True)
-    if "tensorboard" in report_to:  # a resumed run appends to the same folder
-        os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(output / "runs"))
-    if "wandb" in report_to:
-        os.environ.setdefault("WANDB_MODE", "offline")
-        os.environ.setdefault("WANDB_DIR", str(output))
-        os.environ.setdefault("WANDB_PROJECT", PROJECT)
-        if is_main_process and "WANDB_RUN_ID" not in os.environ:
-            os.environ.update(WANDB_RUN_ID=recorded_run_id(output, "wandb", lambda: secrets.token_hex(4)),
-                              WANDB_RESUME="allow")
-    if "mlflow" in report_to:
+    offline = {
+        "tensorboard": {"TENSORBOARD_LOGGING_DIR": str(output / "runs")},  # a resume adds its files there
+        "wandb": {"WANDB_MODE": "offline", "WANDB_DIR": str(output), "WANDB_PROJECT": PROJECT},
         # A SQLite file: mlflow 3 refuses its old ./mlruns file store unless told otherwise.
-        os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{output / 'mlflow.db'}")
-        os.environ.setdefault("MLFLOW_EXPERIMENT_NAME", PROJECT)
-        if is_main_process:
-            start_mlflow_run(output)
+        "mlflow": {"MLFLOW_TRACKING_URI": f"sqlite:///{output / 'mlflow.db'}",
+                   "MLFLOW_EXPERIMENT_NAME": PROJECT},
+    }[tracker]
+    settings = {name: os.environ.get(name, value) for name, value in offline.items()}
+    if is_main_process:
+        output.mkdir(parents=True, exist_ok=True)
+    if is_main_process and tracker == "wandb":
+        settings["WANDB_RUN_ID"] = os.environ.get("WANDB_RUN_ID") or recorded_run_id(
+            output, "wandb", lambda: secrets.token_hex(4))
+        settings["WANDB_RESUME"] = os.environ.get("WANDB_RESUME", "allow")
+    if is_main_process and tracker == "mlflow":
+        uri = settings["MLFLOW_TRACKING_URI"]  # a run id belongs to one store
+        settings["MLFLOW_RUN_ID"] = os.environ.get("MLFLOW_RUN_ID") or recorded_run_id(
+            output, f"mlflow {uri}", lambda: new_mlflow_run(uri, settings["MLFLOW_EXPERIMENT_NAME"]))
+    return settings
 
 
 def recorded_run_id(output: Path, key: str, new_run_id: Callable[[], str]) -> str:
@@ -49,23 +63,19 @@ def recorded_run_id(output: Path, key: str, new_run_id: Callable[[], str]) -> st
     return record[key]
 
 
-def start_mlflow_run(output: Path) -> None:
-    """Make output_dir's mlflow run (or MLFLOW_RUN_ID) the active run of this process, on rank 0.
+def new_mlflow_run(uri: str, experiment_name: str) -> str:
+    from mlflow import MlflowClient
 
-    Started here, the Trainer's MLflowCallback logs into it and leaves it open: started by the
-    callback, it would end at the end of training and the final evaluation would start a new run.
-    A resumed run keeps its first flags (mlflow refuses to change a param), so the callback logs none.
-    """
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(experiment_name)
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment(experiment_name)
+    return client.create_run(experiment_id).info.run_id
+
+
+def start_mlflow_run(settings: dict[str, str]) -> dict[str, str]:
+    """Make output_dir's mlflow run the active run of this process (rank 0); return the flags it holds
+    already, an earlier leg's: mlflow refuses to change a param."""
     import mlflow
 
-    key = f"mlflow {os.environ['MLFLOW_TRACKING_URI']}"  # a run id belongs to one store
-    run_id = os.environ.pop("MLFLOW_RUN_ID", None) or recorded_run_id(output, key, new_mlflow_run)
-    if mlflow.start_run(run_id=run_id).data.params:
-        os.environ.setdefault("MLFLOW_MAX_LOG_PARAMS", "0")
-
-
-def new_mlflow_run() -> str:
-    import mlflow
-
-    experiment = mlflow.set_experiment(os.environ["MLFLOW_EXPERIMENT_NAME"])  # created if missing
-    return mlflow.MlflowClient().create_run(experiment.experiment_id).info.run_id
+    mlflow.set_tracking_uri(settings["MLFLOW_TRACKING_URI"])
+    return mlflow.start_run(run_id=settings["MLFLOW_RUN_ID"]).data.params

@@ -27,6 +27,9 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, get_scheduler
 
+#% if cookiecutter.include_lora
+from . import lora
+#% endif
 from .batching import BatchPlan, ResumableSampler, build_loader, build_train_batches
 from .checkpoint import TRAINING_STATE, Checkpointer
 from .config import ConfigError, DataArguments, ModelArguments, parse_args
@@ -44,17 +47,16 @@ from .metrics import (
     add_run_totals,
     finished_message,
     is_finished,
-    scalars,
+    scalars,  # [tracker]
     task_metrics,
     whole_run_metrics,
     write_log_line,
 )
 from .modeling import (
-    enable_gradient_checkpointing,
+    check_gradient_checkpointing,
     load_model,
     load_tokenizer,
     parameter_counts,
-    save_lora_base,
 )
 from .parallel import (
     autocast_precision,
@@ -69,7 +71,7 @@ from .results import write_results
 from .resume import agree_on_resume_checkpoint
 from .stopping import StopRequest
 from .torchrun import STOPPED_EXIT_CODE, TorchrunEnv
-from .trackers import Tracker, start_tracker
+from .trackers import Tracker, start_tracker  # [tracker]
 from .training_args import TrainingArguments
 
 logger = logging.getLogger(f"{__package__}.train")  # not __name__: that is "__main__" under python -m
@@ -120,17 +122,17 @@ class Job:
     train_loader: DataLoader
     plan: BatchPlan
     model: torch.nn.Module  # what the loop calls: parallel.parallelize's wrapper of module, or module itself
-    module: torch.nn.Module  # the model itself (with LoRA, in its peft wrapper)
+    module: torch.nn.Module  # the model itself, as load_model returned it
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler | None  # fp16 only: loss scaling keeps small gradients from flushing to zero
-    tracker: Tracker | None  # --report_to's, on rank 0 (trackers.py)
     step: int = 0  # optimizer steps taken, over all runs of this job
     epoch: int = 0
     step_in_epoch: int = 0
     history: list[dict] = field(default_factory=list)  # the logged lines, also saved in checkpoints
     totals: dict = field(default_factory=dict)  # time and examples trained up to the last checkpoint
     stopped: bool = False  # by SIGTERM, at a step every rank reached (StopRequest)
+    tracker: Tracker | None = None  # --report_to's, on rank 0  # [tracker]
     checkpointer: Checkpointer = field(init=False)  # saves the optimizer, schedule, scaler and state_dict()
 
     def state_dict(self) -> dict:
@@ -146,10 +148,24 @@ class Job:
 
 def set_seed(seed: int) -> None:
     """Seed Python's, NumPy's and torch's generators (on every device), as transformers.set_seed does: its
-    import pulls in peft (seconds) for a run without LoRA."""
+    module takes seconds to import."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each layer's activations in the backward pass instead of keeping them.
+
+    Non-reentrant, as the Trainer's default: the reentrant form sends no gradient through a layer whose
+    inputs need none, as with frozen embeddings. Only transformers' hook making the embeddings' output need
+    one saves it there; without it the checkpointed layers got no gradient and DDP stopped at the next step
+    ("Expected to have finished reduction")."""
+    #% if cookiecutter.include_lora
+    model = lora.classifier_of(model)  # inside peft's wrapper
+    #% endif
+    check_gradient_checkpointing(model)
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
 
 def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args: ModelArguments,
@@ -176,10 +192,10 @@ def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, warmup, plan.total_steps,
                               scheduler_specific_kwargs=args.lr_scheduler_kwargs)
     scaler = grad_scaler(model, precision)
-    tracker = start_tracker(args.report_to, args.output_dir, vars(model_args) | vars(data_args) | vars(args),
-                            env.is_main_process)  # the run id in output_dir: a resume continues its run
     job = Job(args, data_args, env, device, precision, tokenizer, data, collator, sampler, train_loader, plan,
-              model, module, optimizer, scheduler, scaler, tracker)
+              model, module, optimizer, scheduler, scaler)
+    job.tracker = start_tracker(args.report_to, args.output_dir,  # [tracker]
+                                vars(model_args) | vars(data_args) | vars(args), env.is_main_process)  # [tracker]
     parts = {"scheduler": scheduler, "scaler": scaler}
     job.checkpointer = Checkpointer(args.output_dir, args.save_total_limit, module, optimizer, tokenizer,
                                     data.label_names, plan.as_dict(), parts, position=job)
@@ -226,27 +242,29 @@ def train_and_evaluate(job: Job) -> dict[str, float]:
             save_final_model(job)
         if args.do_eval:
             metrics.update(evaluate(job))
-            if job.tracker is not None:  # the final evaluation too, as the Trainer's trackers get it
-                job.tracker.log(scalars(metrics), job.step)
+            if job.tracker is not None:  # the final evaluation too, as the Trainer's trackers get it  # [tracker]
+                job.tracker.log(scalars(metrics), job.step)  # [tracker]
         with whole_weights(job.module) if args.do_predict else contextlib.nullcontext():  # as in evaluate
             write_results(args, metrics, job.history, job.env.is_main_process, job.module, job.tokenizer,
                           job.data.task, job.data_args.test_file, job.device, job.precision,
                           job.data_args.preprocessing_num_workers)
         return metrics
     finally:
-        if job.tracker is not None:
-            job.tracker.close()
+        if job.tracker is not None:  # [tracker]
+            job.tracker.close()  # [tracker]
         job.model = job.module  # drop DDP, which holds the process group, before the group is destroyed
 
 
 def save_final_model(job: Job) -> None:
     """The final model in output_dir itself, as the Trainer variant leaves it: a plain save_pretrained
-    folder that predict, pipeline() and merge_lora load, its weights as parallel.final_weights gives them."""
-    weights, lora_base = final_weights(job.module)
+    folder that predict and pipeline() load, its weights as parallel.final_weights gives them."""
+    weights = final_weights(job.module)
     if job.env.is_main_process:
         job.module.save_pretrained(job.args.output_dir, state_dict=weights)  # None: the model's own
-        save_lora_base(job.module, job.args.output_dir, lora_base)
         job.tokenizer.save_pretrained(job.args.output_dir)
+    #% if cookiecutter.include_lora
+    lora.save_base(job.module, job.args.output_dir, job.env.is_main_process)  # beside the adapter, the base
+    #% endif
 
 
 def train(job: Job) -> dict[str, float]:
@@ -381,13 +399,13 @@ def due(strategy: str, interval: float, job: Job, end_of_epoch: bool) -> bool:
 
 
 def log(job: Job, logs: dict[str, float]) -> None:
-    """One JSON line on rank 0 (and a point for --report_to's tracker), kept in job.history."""
+    """One JSON line on rank 0, kept in job.history."""
     if not job.env.is_main_process:
         return
     epoch = {"epoch": round(job.step / job.plan.steps_per_epoch, 3)}
     job.history.append(write_log_line(job.step, epoch | logs))
-    if job.tracker is not None:
-        job.tracker.log(scalars(logs), job.step)
+    if job.tracker is not None:  # and a point for --report_to's tracker  # [tracker]
+        job.tracker.log(scalars(logs), job.step)  # [tracker]
 
 
 def evaluate(job: Job) -> dict[str, float]:

@@ -14,7 +14,6 @@ import itertools
 import json
 import logging
 import math
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -26,6 +25,9 @@ from torch.utils.data import Sampler
 from transformers import EvalPrediction, Trainer, TrainerCallback, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+#% if cookiecutter.include_lora
+from . import lora
+#% endif
 from .config import (
     BATCH_PLAN,
     ConfigError,
@@ -53,23 +55,13 @@ from .metrics import (
     whole_run_metrics,
     write_log_line,
 )
-from .modeling import (
-    check_labels_fit,
-    check_same_lora,
-    classifier_of,
-    is_lora,
-    load_model,
-    load_tokenizer,
-    lora_rank,
-    parameter_counts,
-    save_lora_base,
-)
-from .parallel import check_parallel_setup, lora_base_weights, parallelize, whole_weights
+from .modeling import check_labels_fit, load_model, load_tokenizer, parameter_counts
+from .parallel import check_parallel_setup, parallelize, whole_weights
 from .results import write_results
 from .resume import agree_on_resume_checkpoint
 from .stopping import StopRequest, keep_through_sigterm
 from .torchrun import STOPPED_EXIT_CODE, TorchrunEnv
-from .tracking import configure_tracker
+from .trackers import close_trackers, configure_trackers  # [tracker]
 from .training_args import CHECKPOINT_LAST_FILE, TrainingArguments
 
 RUN_TOTALS = "run_totals.json"  # time and examples trained up to this checkpoint, over every leg of the run
@@ -105,8 +97,7 @@ def prepare_run(args: TrainingArguments) -> None:
     check_really_distributed(args.world_size)
     check_parallel_setup(args)
     set_seed(args.seed)
-    # Before the Trainer is built: its report_to callbacks read their settings from the environment.
-    configure_tracker(args.report_to, args.output_dir, args.process_index == 0)
+    configure_trackers(args.report_to, args.output_dir, args.process_index == 0)  # before the Trainer is built  # [tracker]
 
 
 def check_really_distributed(world_size_in_use: int) -> None:
@@ -286,10 +277,15 @@ def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: Tr
     parallel_check = parallelize(model, args)
     # Classification heads take **kwargs but ignore num_items_in_batch and return a per-batch mean.
     # If the Trainer believed otherwise it would multiply the loss (and the gradients) by the world
-    # size and skip dividing by the accumulation steps. (It reads this inside a LoRA wrapper.)
-    classifier_of(model).accepts_loss_kwargs = False
+    # size and skip dividing by the accumulation steps.
+    #% if cookiecutter.include_lora
+    lora.classifier_of(model).accepts_loss_kwargs = False  # the Trainer reads it inside peft's wrapper
+    #% else
+    model.accepts_loss_kwargs = False
+    #% endif
     # --gradient_checkpointing: the Trainer turns it on itself, in the non-reentrant form unless
-    # --gradient_checkpointing_kwargs says otherwise (modeling.enable_gradient_checkpointing says why).
+    # --gradient_checkpointing_kwargs says otherwise (the reentrant one sends no gradient through a layer
+    # whose inputs need none, as with frozen embeddings).
     trainer = ClassificationTrainer(
         model=model,
         args=args,
@@ -325,7 +321,9 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
             args.accumulation_to_resume(checkpoint, args.world_size)  # the same split, or refused
             # As the preflight does: a run may start without it (PREFLIGHT=0), or on another node's files.
             check_labels_fit(checkpoint, trainer.compute_metrics.task, "checkpoint", same_names=True)
-            check_same_lora(checkpoint, lora_rank(trainer.model))
+            #% if cookiecutter.include_lora
+            lora.check_same_rank(checkpoint, lora.rank_of(trainer.model))
+            #% endif
             logger.info("resuming from checkpoint %s", checkpoint)
             totals = checkpoint / RUN_TOTALS
             record.earlier = json.loads(totals.read_text()) if totals.is_file() else None
@@ -344,7 +342,9 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
         metrics.update(parameter_counts(trainer.model))
         metrics["epoch"] = state.epoch
         trainer.save_model()
-        save_final_lora_base(trainer, args.output_dir)
+        #% if cookiecutter.include_lora
+        lora.save_base(trainer.model, args.output_dir, trainer.is_world_process_zero())  # beside the adapter
+        #% endif
         trainer.save_state()
     if args.do_eval:
         # Trainer's evaluation gathers with gather_for_metrics, which drops the examples the
@@ -359,32 +359,12 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
     return metrics
 
 
-def save_final_lora_base(trainer: Trainer, folder: str) -> None:
-    """With LoRA, the frozen base beside the adapter (modeling.save_lora_base), written by rank 0 from the
-    weights parallel.lora_base_weights gives, which every rank calls."""
-    model = trainer.model
-    if not is_lora(model):
-        return
-    weights = lora_base_weights(trainer)
-    if trainer.is_world_process_zero():
-        save_lora_base(model, folder, weights)
-
-
 def release(trainer: Trainer) -> None:
     """Drop the Trainer's DDP wrapper, then the process group, so every rank exits cleanly."""
     trainer.accelerator.free_memory()
     trainer.model_wrapped = trainer.model
-    close_trackers()
+    close_trackers()  # [tracker]
     cleanup_distributed()
-
-
-def close_trackers() -> None:
-    """End the wandb and mlflow runs the Trainer's callbacks leave open until exit, where wandb would
-    print its closing lines with colour codes into log files. A package not imported was not used."""
-    if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
-        sys.modules["wandb"].finish()
-    if "mlflow" in sys.modules and sys.modules["mlflow"].active_run() is not None:
-        sys.modules["mlflow"].end_run()
 
 
 if __name__ == "__main__":

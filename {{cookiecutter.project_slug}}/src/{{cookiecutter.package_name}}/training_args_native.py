@@ -9,14 +9,13 @@ help says why. tests/test_training_args.py checks the list.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
 from .config import ConfigError, check_training_settings, flag, read_batch_plan
 from .distributed import default_dataloader_workers
 from .parallel import ParallelArguments
-from .tracking import TRACKERS
+from .tracking import TRACKERS, check_installed  # [tracker]
 
 # checkpoint.py writes it last into checkpoint-N, after the weights: a folder holding it is complete.
 CHECKPOINT_LAST_FILE = "training_state.pt"
@@ -82,7 +81,7 @@ class TrainingArguments(ParallelArguments):
     logging_steps: float = flag(10, "Log every N optimizer steps.")
     logging_first_step: bool = flag(False, "Also log after the first step.")
     disable_tqdm: bool = flag(False, "No progress bar.")
-    report_to: str = flag("none", "Tracker, offline in output_dir.", TRACKERS)
+    report_to: str = flag("none", "Tracker, offline in output_dir.", TRACKERS)  # [tracker]
     eval_strategy: str = flag("no", "Eval during training (end: always).", STRATEGIES)
     eval_steps: float | None = flag(None, "Eval every N steps; None: logging_steps.")
     save_strategy: str = flag("steps", "When to save (end: always).", STRATEGIES)
@@ -94,9 +93,7 @@ class TrainingArguments(ParallelArguments):
             raise ConfigError("--do_train false and --do_eval false leave nothing to do; keep at least one")
         if self.dataloader_num_workers is None:
             self.dataloader_num_workers = default_dataloader_workers()
-        if self.report_to != "none" and importlib.util.find_spec(self.report_to) is None:
-            raise ConfigError(f"--report_to {self.report_to}: the {self.report_to} package is not installed; "
-                              f'pip install -e ".[{self.report_to}]" (or leave --report_to at none)')
+        check_installed([self.report_to])  # [tracker]
         check_training_settings(self)
         self.check_parallel_settings()
 

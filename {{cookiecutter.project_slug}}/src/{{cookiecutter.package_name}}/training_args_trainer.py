@@ -2,7 +2,7 @@
 backend and precision decided before the Trainer sets up devices.
 
 Parsing has no side effects: it only queries the GPUs (how many, which compute capability), so
-that the preflight and the doctor parse the same flags in one process on a node of 8 GPUs. The run's
+that the preflight{% if cookiecutter.include_doctor %} and the doctor{% endif %} can parse the same flags in one process on a node of 8 GPUs. The run's
 setup (train.py's prepare_run) pins this rank's GPU and starts the process group before transformers
 sets up its devices, which it then adopts through accelerate.
 """
@@ -21,6 +21,7 @@ from .config import ConfigError, batch_split, check_same_batch_plan, check_train
 from .device import resolve_device_settings
 from .distributed import default_dataloader_workers
 from .parallel import ParallelArguments
+from .tracking import check_installed  # [tracker]
 
 # transformers.trainer.TRAINER_STATE_NAME: the Trainer writes it into checkpoint-N after the weights, the
 # optimizer and the RNG state, so a folder holding it is complete. (Not imported from there: the preflight
@@ -81,6 +82,7 @@ class TrainingArguments(ParallelArguments, transformers.TrainingArguments):
         try:
             super().__post_init__()
             get_reporting_integration_callbacks(self.report_to)  # as the Trainer does, in every worker
+            check_installed(self.report_to)  # [tracker]
         except ValueError as err:  # transformers' own checks of its flags: one error line, not a traceback
             raise ConfigError(str(err)) from None
         finally:

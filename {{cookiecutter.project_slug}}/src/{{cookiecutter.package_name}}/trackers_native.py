@@ -1,18 +1,18 @@
-"""The native loop's trackers (--report_to): each has log(scalars, step) and close()."""
+"""The native loop's trackers (--report_to), handed tracking.py's settings: each has log(scalars, step) and
+close()."""
 
 from __future__ import annotations
 
 import json
-import os
 
-from .tracking import configure_tracker
+from .tracking import start_mlflow_run, tracker_settings
 
 
 class TensorBoardTracker:
-    def __init__(self, config: dict) -> None:
+    def __init__(self, settings: dict[str, str], config: dict) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(os.environ["TENSORBOARD_LOGGING_DIR"])
+        self.writer = SummaryWriter(settings["TENSORBOARD_LOGGING_DIR"])
         self.writer.add_text("args", json.dumps(config, indent=1))
 
     def log(self, scalars: dict[str, float], step: int) -> None:
@@ -24,10 +24,12 @@ class TensorBoardTracker:
 
 
 class WandbTracker:
-    def __init__(self, config: dict) -> None:
+    def __init__(self, settings: dict[str, str], config: dict) -> None:
         import wandb
 
-        self.run = wandb.init(config=config)  # project, mode, folder, run id and resume: from the environment
+        self.run = wandb.init(config=config, mode=settings["WANDB_MODE"], dir=settings["WANDB_DIR"],
+                              project=settings["WANDB_PROJECT"], id=settings["WANDB_RUN_ID"],
+                              resume=settings["WANDB_RESUME"])
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         self.run.log(scalars, step=step)
@@ -37,11 +39,11 @@ class WandbTracker:
 
 
 class MlflowTracker:
-    def __init__(self, config: dict) -> None:
+    def __init__(self, settings: dict[str, str], config: dict) -> None:
         import mlflow
 
-        self.mlflow = mlflow  # configure_tracker started the run
-        if not mlflow.active_run().data.params:  # a resumed run keeps its first flags
+        self.mlflow = mlflow
+        if not start_mlflow_run(settings):  # a resumed run keeps its first flags
             mlflow.log_params(config)
 
     def log(self, scalars: dict[str, float], step: int) -> None:
@@ -56,6 +58,7 @@ TRACKER_CLASSES = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "ml
 
 
 def start_tracker(report_to: str, output_dir: str, config: dict, is_main_process: bool) -> Tracker | None:
-    """Configured on every rank (tracking.py), started on rank 0 only: None elsewhere, and for none."""
-    configure_tracker([report_to], output_dir, is_main_process)
-    return TRACKER_CLASSES[report_to](config) if report_to != "none" and is_main_process else None
+    """Started on rank 0 only: None elsewhere, and for none."""
+    if report_to == "none" or not is_main_process:
+        return None
+    return TRACKER_CLASSES[report_to](tracker_settings(report_to, output_dir, is_main_process=True), config)
