@@ -98,7 +98,8 @@ def main() -> None:
     runs: dict[str, list[dict]] = {title: [] for title in ROWS}
     with tempfile.TemporaryDirectory(prefix="bench_fsdp_") as scratch:
         scratch = Path(scratch)
-        project = render(scratch / "native", training_loop="native", include_lora=True)  # for the LoRA rows
+        # With LoRA for the LoRA rows.
+        project = render(scratch / "native", training_loop="native", include_fsdp=True, include_lora=True)
         data = scratch / "data"
         smoke = smoke_module(project)
         write_jsonl(data / "train.jsonl", imdb_like_rows(smoke, args.train_size, 0, 1000))

@@ -87,7 +87,7 @@ def peak_tflops(device_name: str) -> float | None:
 
 def projects_from(args: argparse.Namespace, workdir: Path) -> dict[str, Path]:
     if args.rendered is None:
-        return {loop: render(workdir / "render" / loop, training_loop=loop) for loop in LOOPS}
+        return {loop: render(workdir / "render" / loop, training_loop=loop, include_fsdp="yes") for loop in LOOPS}
     projects = {loop: args.rendered / loop / PROJECT for loop in LOOPS}
     missing = [str(path) for path in projects.values() if not (path / "scripts" / "train_single_node.sh").is_file()]
     if missing:
@@ -268,7 +268,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.render_only is not None:
         for loop in LOOPS:
-            print(render(args.render_only / loop, training_loop=loop))
+            print(render(args.render_only / loop, training_loop=loop, include_fsdp="yes"))
         return 0
 
     import torch

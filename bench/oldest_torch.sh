@@ -16,9 +16,9 @@ python3 -m venv "$WORK/venv"
 "$WORK/venv/bin/python" -m pip install --quiet "torch==$TORCH_VERSION" >> "$WORK/pip.log" 2>&1
 status=0
 for loop in native trainer; do
-  # With LoRA and the doctor, which the proofs train and run (as the suite renders of tests/test_render.py).
+  # With LoRA, the doctor and FSDP, which the proofs train and run (as the suite renders of tests/test_render.py).
   .venv/bin/cookiecutter --no-input . -o "$WORK/$loop" training_loop="$loop" include_lora=true include_doctor=true \
-    >/dev/null
+    include_fsdp=true >/dev/null
   project="$WORK/$loop/text-classifier"
   "$WORK/venv/bin/python" -m pip install --quiet -e "${project}[dev]" >> "$WORK/pip.log" 2>&1
   cp -r tests/proofs/. "$project/tests/"

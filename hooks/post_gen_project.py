@@ -5,11 +5,13 @@ The answers arrive as data: one JSON literal (``ANSWERS_JSON``), never pasted in
 
 Steps, in order:
 
-1. Keep the chosen files (``PER_LOOP_FILES``, ``KEPT_ONLY_WHEN``): the chosen loop's
-   ``<name>_<loop>.py`` becomes ``<name>.py`` and the other loop's is deleted, and a
-   file kept only for an answer (native-only modules, the sbatch script and its logs/
-   folder, the container and Kubernetes files, the tracker's modules and test, LoRA's modules
-   and test, the doctor and its test) is deleted for any other, with a folder it leaves
+1. Keep the chosen files (``PER_LOOP_FILES``, ``PER_LOOP_AND_FSDP_FILES``,
+   ``KEPT_ONLY_WHEN``): the chosen loop's ``<name>_<loop>.py`` becomes ``<name>.py`` and the
+   other loop's is deleted; of the four ``parallel_<loop>_<ddp|fsdp>.py``, the one for the
+   loop and include_fsdp becomes ``parallel.py``; and a file kept only for an answer
+   (native-only modules, the sbatch script and its logs/ folder, the container and Kubernetes
+   files, the tracker's modules and test, LoRA's modules and test, the doctor and its test,
+   FSDP's tests) is deleted for any other, every version of it, with a folder it leaves
    empty. A file this step expects but cannot find is a template bug: refused. Then keep
    the chosen lines (``LINES_KEPT_ONLY_WHEN``): a Python line that ends with a marker, such
    as ``# [tracker]``, loses the marker where its answer fits and is deleted elsewhere, so
@@ -31,6 +33,7 @@ exits 1; cookiecutter then deletes the project folder if it created it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -69,8 +72,17 @@ PER_LOOP_FILES = (
     "src/{package}/trackers.py",
     "src/{package}/training_args.py",
     "tests/ddp_probe.py",
+    "tests/test_parallel.py",
     "tests/test_training_args.py",
 )
+# The template ships <name>_<loop>_<ddp|fsdp>.py for each loop and include_fsdp; the project gets <name>.py:
+# parallel.py, how the loop spreads the model over the processes, with DDP alone or also FSDP.
+PER_LOOP_AND_FSDP_FILES = ("src/{package}/parallel.py",)
+# How the answers that choose a file's version read in its name.
+FILE_CHOICES = {
+    "training_loop": {loop: loop for loop in TRAINING_LOOPS},
+    "include_fsdp": {False: "ddp", True: "fsdp"},
+}
 
 
 def other_than(value: object) -> Callable[[object], bool]:
@@ -85,12 +97,12 @@ def fits(answer: object, condition: object) -> bool:
 
 TRACKER_CHOSEN = ("experiment_tracker", other_than("none"))
 # Files kept only when an answer meets this condition (its value, or a predicate), deleted otherwise. A file
-# of PER_LOOP_FILES is named here by its project path: both loops' files go when the condition fails.
+# of PER_LOOP_FILES or PER_LOOP_AND_FSDP_FILES is named here by its project path: every version of it goes
+# when the condition fails.
 KEPT_ONLY_WHEN = {
     ("training_loop", "native"): (
         "src/{package}/batching.py",
         "src/{package}/checkpoint.py",
-        "src/{package}/sharding.py",
         "tests/test_batching.py",
         "tests/test_native_loop.py",
     ),
@@ -106,30 +118,47 @@ KEPT_ONLY_WHEN = {
         "tests/test_lora.py",
     ),
     ("include_doctor", True): ("src/{package}/doctor.py", "tests/test_doctor.py"),
+    ("include_fsdp", True): ("tests/test_parallel.py",),  # FSDP's tests (DDP is every other test's)
 }
 # Python lines kept only when an answer meets a condition, marked in the template by a comment that ends them.
 LINES_KEPT_ONLY_WHEN = {"# [tracker]": TRACKER_CHOSEN}
 
 
+def versions(path: PurePosixPath, variables: tuple[str, ...]) -> dict[str, tuple[object, ...]]:
+    """{the template's name of each version of path: the answers (to variables) that choose it}."""
+    choices = itertools.product(*(FILE_CHOICES[variable].items() for variable in variables))
+    return {
+        path.with_stem("_".join([path.stem, *(name for _, name in choice)])).as_posix(): tuple(
+            value for value, _ in choice
+        )
+        for choice in choices
+    }
+
+
 def chosen_file_moves(answers: Mapping[str, object]) -> tuple[dict[str, str], list[str]]:
     """Return ({source: destination} renames, [deletions]) as project-relative paths."""
+    package = answers["package_name"]
     unwanted = [
-        pattern.format(package=answers["package_name"])
+        pattern.format(package=package)
         for (variable, condition), patterns in KEPT_ONLY_WHEN.items()
         if not fits(answers[variable], condition)
         for pattern in patterns
     ]
+    chosen_by = {
+        **dict.fromkeys(PER_LOOP_FILES, ("training_loop",)),
+        **dict.fromkeys(PER_LOOP_AND_FSDP_FILES, ("training_loop", "include_fsdp")),
+    }
     renames, deletions = {}, []
-    for pattern in PER_LOOP_FILES:
-        path = PurePosixPath(pattern.format(package=answers["package_name"]))
-        for loop in TRAINING_LOOPS:
-            source = path.with_stem(f"{path.stem}_{loop}").as_posix()
-            if loop == answers["training_loop"] and path.as_posix() not in unwanted:
-                renames[source] = path.as_posix()
+    for pattern, variables in chosen_by.items():
+        path = pattern.format(package=package)
+        chosen = tuple(answers[variable] for variable in variables)
+        for source, choice in versions(PurePosixPath(path), variables).items():
+            if choice == chosen and path not in unwanted:
+                renames[source] = path
             else:
                 deletions.append(source)
-    per_loop = {pattern.format(package=answers["package_name"]) for pattern in PER_LOOP_FILES}
-    deletions += [path for path in unwanted if path not in per_loop]  # those went as their loops' files
+    versioned = {pattern.format(package=package) for pattern in chosen_by}
+    deletions += [path for path in unwanted if path not in versioned]  # those went as their versions, above
     return renames, list(dict.fromkeys(deletions))  # a file kept under two conditions is deleted once
 
 
@@ -139,7 +168,7 @@ def keep_chosen_files(project: Path, answers: Mapping[str, object]) -> None:
     if missing:
         raise TemplateBug(
             f"missing {', '.join(missing)}; the template must ship every file that"
-            " PER_LOOP_FILES and KEPT_ONLY_WHEN in hooks/post_gen_project.py name"
+            " PER_LOOP_FILES, PER_LOOP_AND_FSDP_FILES and KEPT_ONLY_WHEN in hooks/post_gen_project.py name"
         )
     for source, destination in renames.items():
         os.replace(project / source, project / destination)

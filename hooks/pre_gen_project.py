@@ -201,6 +201,7 @@ VALIDATORS: dict[str, Callable[[object], str | None]] = {
     "include_kubernetes": check_boolean,
     "include_lora": check_boolean,
     "include_doctor": check_boolean,
+    "include_fsdp": check_boolean,
 }
 
 

@@ -86,6 +86,7 @@ GOOD_ANSWERS = {
     "include_kubernetes": [True, False],
     "include_lora": [True, False],
     "include_doctor": [True, False],
+    "include_fsdp": [True, False],
 }
 
 BAD_ANSWERS = {
@@ -248,6 +249,12 @@ BAD_ANSWERS = {
         (1, "not a boolean"),
         (None, "not a boolean"),
     ],
+    "include_fsdp": [
+        ("yes", "not a boolean"),
+        ("true", "not a boolean"),
+        (1, "not a boolean"),
+        (None, "not a boolean"),
+    ],
 }
 
 
@@ -263,6 +270,8 @@ def test_validator_choices_are_the_choices_in_cookiecutter_json():
     assert list(pre_gen.MIXED_PRECISIONS) == config["mixed_precision"]
     assert list(pre_gen.EXPERIMENT_TRACKERS) == config["experiment_tracker"]
     assert list(post_gen.TRAINING_LOOPS) == config["training_loop"]
+    assert list(post_gen.FILE_CHOICES["training_loop"]) == config["training_loop"]
+    assert set(post_gen.FILE_CHOICES["include_fsdp"]) == {True, False}
 
 
 def test_default_answers_pass_every_check(default_answers):
@@ -418,6 +427,7 @@ BAD_REPLAYS = {
     "include-kubernetes-string": ({"include_kubernetes": "no"}, "include_kubernetes"),
     "include-lora-string": ({"include_lora": "yes"}, "include_lora"),
     "include-doctor-string": ({"include_doctor": "yes"}, "include_doctor"),
+    "include-fsdp-string": ({"include_fsdp": "yes"}, "include_fsdp"),
     "nnodes-negative": ({"nnodes": "-1"}, "nnodes"),
     "project-name-jinja-newline": ({"project_name": "{{ x }}\n"}, "project_name"),
 }
@@ -540,6 +550,40 @@ def test_include_lora_yes_on_the_command_line_arrives_as_true_and_keeps_loras_fi
     assert (project / "tests" / "test_lora.py").is_file()
     recorded = json.loads((project / ".cookiecutter.json").read_text(encoding="utf-8"))
     assert recorded["cookiecutter"]["include_lora"] is True
+
+
+@pytest.mark.parametrize("loop", ["trainer", "native"])
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+def test_the_chosen_loops_parallel_file_becomes_parallel_py_and_fsdps_tests_stay_only_with_it(loop, fsdp):
+    answers = {**MOVE_ANSWERS, "training_loop": loop, "include_fsdp": fsdp}
+    renames, deletions = post_gen.chosen_file_moves(answers)
+    other = "native" if loop == "trainer" else "trainer"
+    kind, other_kind = ("fsdp", "ddp") if fsdp else ("ddp", "fsdp")
+    assert renames[f"src/pkg/parallel_{loop}_{kind}.py"] == "src/pkg/parallel.py"
+    assert {f"src/pkg/parallel_{loop}_{other_kind}.py", f"src/pkg/parallel_{other}_ddp.py",
+            f"src/pkg/parallel_{other}_fsdp.py"} <= set(deletions)
+    parallel_files = {path for path in [*renames, *deletions] if path.startswith("src/pkg/parallel")}
+    assert len(parallel_files) == 4
+    # FSDP's own tests: the loop's version with FSDP, none of the two without.
+    if fsdp:
+        assert renames[f"tests/test_parallel_{loop}.py"] == "tests/test_parallel.py"
+        assert f"tests/test_parallel_{other}.py" in deletions
+    else:
+        assert not [path for path in renames if path.startswith("tests/test_parallel")]
+        assert {f"tests/test_parallel_{loop}.py", f"tests/test_parallel_{other}.py"} <= set(deletions)
+    assert "tests/test_parallel.py" not in deletions  # never shipped under its plain name
+    assert len(deletions) == len(set(deletions))
+
+
+def test_a_versioned_file_kept_only_for_an_answer_is_dropped_in_every_version(monkeypatch):
+    monkeypatch.setattr(post_gen, "KEPT_ONLY_WHEN", {("include_fsdp", True): ("src/{package}/parallel.py",),
+                                                     ("include_slurm", True): ("src/{package}/parallel.py",)})
+    answers = {**MOVE_ANSWERS, "include_fsdp": False, "include_slurm": False}
+    renames, deletions = post_gen.chosen_file_moves(answers)
+    assert not [path for path in renames if path.startswith("src/pkg/parallel")]
+    assert sorted(path for path in deletions if path.startswith("src/pkg/parallel")) == [
+        f"src/pkg/parallel_{loop}_{kind}.py" for loop in ("native", "trainer") for kind in ("ddp", "fsdp")
+    ]
 
 
 @pytest.mark.parametrize(

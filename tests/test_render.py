@@ -2,13 +2,13 @@
 
 Supported: the full product training_loop x include_slurm x mixed_precision
 (2 x 2 x 4 = 16) and every file set of the yes/no answers (include_slurm,
-include_kubernetes, include_lora, include_doctor) in each loop, the precisions taken in
-turn, so that every loop meets every file set and every precision; each is rendered once
-per session with the same non-default name, model, dataset and columns, so nothing can
-pass by being the default. Each render gets the exact file set, the chosen loop's files,
-run bits, no template leftovers, ruff, ``bash -n`` and shellcheck, TOML/YAML parsing, and
-the recorded answers; each is replayed from them. The Kubernetes files' contents:
-test_kubernetes.py.
+include_kubernetes, include_lora, include_doctor, include_fsdp) in each loop, the
+precisions taken in turn, so that every loop meets every file set and every precision;
+each is rendered once per session with the same non-default name, model, dataset and
+columns, so nothing can pass by being the default. Each render gets the exact file set,
+the chosen loop's files, run bits, no template leftovers, ruff, ``bash -n`` and
+shellcheck, TOML/YAML parsing, and the recorded answers; each is replayed from them. The
+Kubernetes files' contents: test_kubernetes.py.
 
 Unsupported: ``UNSUPPORTED`` below, each refused with its one ERROR line.
 
@@ -68,6 +68,7 @@ class Combination(NamedTuple):
     experiment_tracker: str = "none"
     include_lora: bool = False
     include_doctor: bool = False
+    include_fsdp: bool = False
 
     @property
     def id(self) -> str:
@@ -76,34 +77,39 @@ class Combination(NamedTuple):
         tracker = "" if self.experiment_tracker == "none" else f"-{self.experiment_tracker}"
         lora = "-lora" if self.include_lora else ""
         doctor = "-doctor" if self.include_doctor else ""
-        return f"{self.training_loop}-{slurm}-{self.mixed_precision}{kubernetes}{tracker}{lora}{doctor}"
+        fsdp = "-fsdp" if self.include_fsdp else ""
+        return f"{self.training_loop}-{slurm}-{self.mixed_precision}{kubernetes}{tracker}{lora}{doctor}{fsdp}"
 
     @property
     def answers(self) -> dict[str, object]:
         return {**BASE_ANSWERS, **self._asdict()}
 
 
-# Kubernetes and the doctor add files, LoRA files and a few lines at their call sites: every file set of
-# the yes/no answers in each loop, the four precisions (which only edit YAML) taken in turn.
+# Kubernetes, the doctor and FSDP add files (FSDP: its version of parallel.py), LoRA files and a few lines at
+# their call sites: every file set of the yes/no answers in each loop, the four precisions (which only edit
+# YAML) taken in turn.
 PRECISIONS = ("auto", "bf16", "fp16", "no")
 SUPPORTED = [
-    Combination(loop, slurm, PRECISIONS[index % 4], kubernetes, include_lora=lora, include_doctor=doctor)
-    for index, (loop, slurm, kubernetes, lora, doctor) in enumerate(
-        itertools.product(["trainer", "native"], [True, False], [False, True], [False, True], [False, True])
+    Combination(loop, slurm, PRECISIONS[index % 4], kubernetes, include_lora=lora, include_doctor=doctor,
+                include_fsdp=fsdp)
+    for index, (loop, slurm, kubernetes, lora, doctor, fsdp) in enumerate(
+        itertools.product(["trainer", "native"], [True, False], [False, True], [False, True], [False, True],
+                          [False, True])
     )
 ]
 # Every supported render is its own file set.
 FILE_SET_RUNS = SUPPORTED
 # One render per loop, each with the SLURM script, whose tests run it under a real SLURM (without it,
-# a render only lacks those files; precision only edits YAML), and with LoRA and the doctor, which the
+# a render only lacks those files; precision only edits YAML), and with LoRA, the doctor and FSDP, which the
 # proofs train and run.
 SUITE_RUNS = [
-    Combination("trainer", True, "auto", include_lora=True, include_doctor=True),
-    Combination("native", True, "auto", include_lora=True, include_doctor=True),
+    Combination("trainer", True, "auto", include_lora=True, include_doctor=True, include_fsdp=True),
+    Combination("native", True, "auto", include_lora=True, include_doctor=True, include_fsdp=True),
 ]
 # Each tracker but none (the default of every render above) in each loop, the other answers spread over them
 # so that, with SUITE_RUNS, every value of every choice is rendered in both loops. Each runs its own
-# `make test` (test_rendered_repo_passes_its_own_make_test): a tracker reaches the configs and the tests.
+# `make test` (test_rendered_repo_passes_its_own_make_test): a tracker reaches the configs and the tests, and
+# without FSDP these are the renders whose parallel.py is DDP's alone.
 TRACKER_RUNS = [
     Combination("trainer", False, "bf16", include_kubernetes=True, experiment_tracker="tensorboard"),
     Combination("trainer", True, "fp16", experiment_tracker="wandb"),
@@ -177,10 +183,13 @@ PER_LOOP_FILES = {
     "tests/ddp_probe.py",
     "tests/test_training_args.py",
 }
+# <name>_<loop>_<ddp|fsdp>.py in the template: the loop's, with DDP alone or also FSDP (include_fsdp).
+PER_LOOP_AND_FSDP_FILES = {f"src/{PACKAGE}/parallel.py"}
+# Also <name>_<loop>.py in the template, kept only with include_fsdp.
+FSDP_ONLY_FILES = {"tests/test_parallel.py"}
 NATIVE_ONLY_FILES = {
     f"src/{PACKAGE}/batching.py",
     f"src/{PACKAGE}/checkpoint.py",
-    f"src/{PACKAGE}/sharding.py",
     "tests/test_batching.py",
     "tests/test_native_loop.py",
 }
@@ -197,9 +206,11 @@ LAUNCHERS = {"scripts/train_single_node.sh", "scripts/train_multi_node.sh"}
 
 
 def expected_files(combo: Combination) -> set[str]:
-    files = COMMON_FILES | PER_LOOP_FILES
+    files = COMMON_FILES | PER_LOOP_FILES | PER_LOOP_AND_FSDP_FILES
     if combo.training_loop == "native":
         files |= NATIVE_ONLY_FILES
+    if combo.include_fsdp:
+        files |= FSDP_ONLY_FILES
     if combo.include_slurm:
         files |= SLURM_ONLY_FILES
     if combo.include_kubernetes:
@@ -255,14 +266,15 @@ def test_supported_combinations_cover_every_choice_product_and_file_set(default_
     assert {combo[:3] for combo in SUPPORTED} == set(
         itertools.product(loops, booleans, config["mixed_precision"])
     )
+    assert isinstance(config["include_fsdp"], bool)
     file_sets = {
         (combo.training_loop, combo.include_slurm, combo.include_kubernetes, combo.include_lora,
-         combo.include_doctor)
+         combo.include_doctor, combo.include_fsdp)
         for combo in SUPPORTED
     }
-    assert file_sets == set(itertools.product(loops, booleans, booleans, booleans, booleans))
-    assert len(SUPPORTED) == len(set(SUPPORTED)) == len(file_sets)
-    assert all(combo.include_lora and combo.include_doctor for combo in SUITE_RUNS)
+    assert file_sets == set(itertools.product(loops, booleans, booleans, booleans, booleans, booleans))
+    assert len(SUPPORTED) == len(set(SUPPORTED)) == len(file_sets) == 64
+    assert all(combo.include_lora and combo.include_doctor and combo.include_fsdp for combo in SUITE_RUNS)
     for combo in SUPPORTED:
         answers = recorded_answers(combo, default_answers)
         assert pre_gen.find_first_problem(answers) is None, combo.id
@@ -315,10 +327,13 @@ def test_per_loop_files_are_the_chosen_loops_template_files(
     # With the template's Jinja settings (its #% line statements), which the recorded answers leave out.
     jinja_settings = cookiecutter_json()["_jinja2_env_vars"]
     env = create_env_with_context({"cookiecutter": {**answers, "_jinja2_env_vars": jinja_settings}})
-    names = PER_LOOP_FILES | (PER_LOOP_TRACKER_FILES if combo.experiment_tracker != "none" else set())
-    for name in sorted(names):
+    per_loop = PER_LOOP_FILES | (PER_LOOP_TRACKER_FILES if combo.experiment_tracker != "none" else set())
+    per_loop |= FSDP_ONLY_FILES if combo.include_fsdp else set()
+    chosen = {name: [combo.training_loop] for name in per_loop}
+    chosen |= {name: [combo.training_loop, "fsdp" if combo.include_fsdp else "ddp"] for name in PER_LOOP_AND_FSDP_FILES}
+    for name, choices in sorted(chosen.items()):
         path = PROJECT_TEMPLATE / name.replace(PACKAGE, "{{cookiecutter.package_name}}")
-        source = path.with_stem(f"{path.stem}_{combo.training_loop}")
+        source = path.with_stem("_".join([path.stem, *choices]))
         text = source.read_text(encoding="utf-8")
         expected = post_gen.chosen_lines(env.from_string(text).render(cookiecutter=answers), answers, name)
         assert (project / name).read_text(encoding="utf-8") == expected, name
@@ -511,11 +526,11 @@ README_TEXT_ONLY_FOR = {
     ("training_loop", "native"): [
         "`batching.py`",
         "`checkpoint.py`",
-        "`sharding.py`",
         "the `GradScaler` skipped",
         "any other is refused by the parser",
     ],
     ("include_lora", True): ["LoRA", "--lora_r", "peft", "merge_lora", "adapter"],
+    ("include_fsdp", True): ["--fsdp", "FSDP"],
     ("experiment_tracker", "tensorboard"): ["tensorboard --logdir", "TENSORBOARD_LOGGING_DIR"],
     ("experiment_tracker", "wandb"): ["wandb sync", "WANDB_MODE", "offline-run-"],
     ("experiment_tracker", "mlflow"): ["mlflow ui", "MLFLOW_TRACKING_URI", "mlflow.db"],
@@ -774,6 +789,7 @@ def summary_counts(output: str) -> dict[str, int]:
 PROOFS = TEMPLATE_DIR / "tests" / "proofs"
 SLURM_PROOFS = ["slurm_cluster.py", "test_slurm.py", "test_slurm_cluster.py", "slow_steps.py"]
 NATIVE_PROOFS = ["test_native_resume.py", "test_fsdp.py"]
+FSDP_PROOFS = ["test_fsdp.py"]  # test_slurm.py's and test_gpu_node.py's FSDP tests skip themselves without it
 TRACKER_PROOFS = ["test_tracking_runs.py"]  # marked tracker; they need warm_launch.py and proof_scheduling.py
 # Tests of SLURM's own behaviour, which never import the package: the first suite run proves them.
 LOOP_INDEPENDENT_TESTS = ["tests/test_slurm_cluster.py"]
@@ -787,11 +803,13 @@ def test_loop_independent_proofs_reach_no_loop_code():
 
 def add_proofs(project: Path, combo: Combination) -> None:
     """The template's proofs, copied into a render's tests/ (the SLURM ones where it has the sbatch script, the
-    native loop's where it has that loop, the trackers' where it has one)."""
+    native loop's where it has that loop, FSDP's where it has FSDP, the trackers' where it has one)."""
     for path in PROOFS.iterdir():
         if path.name in SLURM_PROOFS and not combo.include_slurm:
             continue
         if path.name in NATIVE_PROOFS and combo.training_loop != "native":
+            continue
+        if path.name in FSDP_PROOFS and not combo.include_fsdp:
             continue
         if path.name in TRACKER_PROOFS and combo.experiment_tracker == "none":
             continue
@@ -883,6 +901,42 @@ def test_rendered_repo_passes_its_own_test_suite_and_the_template_proofs(rendere
     run_make(project, "test-all", [*SUITE_ARGS, *args], SUITE_TIMEOUT)
 
 
+@pytest.mark.parametrize("loop", ["trainer", "native"])
+def test_without_fsdp_its_flags_are_refused_in_one_error_line(rendered, loop):
+    # The native loop's parser has no such flag; the Trainer's TrainingArguments inherits transformers' own,
+    # which parallel.py refuses while parsing.
+    project = rendered(Combination(loop, True, "auto"))
+    refused = {
+        "--fsdp": "true",
+        "--fsdp_config": "fsdp.json",
+    }
+    for flag, value in refused.items():
+        result = subprocess.run(
+            [sys.executable, "-m", f"{PACKAGE}.train", "--model_name_or_path", "m", "--train_file", "t.jsonl",
+             flag, value],
+            cwd=project, env={**os.environ, "PYTHONPATH": "src"}, capture_output=True, text=True, timeout=300,
+        )
+        assert result.returncode == 2
+        expected = (f"unrecognized arguments: {flag} {value} (see --help for the flags it takes)"
+                    if loop == "native" else
+                    f"{flag} {value}: this project was generated to train with DDP alone (include_fsdp no); drop "
+                    "the flag, or generate it again with include_fsdp yes")
+        assert result.stderr == f"error: {expected}\n"
+
+
+@pytest.mark.parametrize("combo", combination_params([c for c in FILE_SET_RUNS if not c.include_fsdp]))
+def test_without_fsdp_no_file_holds_fsdp_code_or_text(rendered, combo):
+    # But the Trainer's parallel.py, which refuses transformers' own --fsdp, and the recorded answers.
+    project = rendered(combo)
+    allowed = {".cookiecutter.json"} | ({f"src/{PACKAGE}/parallel.py"} if combo.training_loop == "trainer" else set())
+    found = sorted(
+        name for name in relative_files(project) - allowed
+        if re.search(r"fsdp|fully_shard|DTensor|reduce.scatter", (project / name).read_text("utf-8", "replace"),
+                     re.IGNORECASE)
+    )
+    assert found == []
+
+
 # The trackers' proofs train with each one, so they need a render with a tracker (whichever it is, its
 # --report_to takes all three): the first of each loop runs them beside its own tests but the slow ones.
 TRACKER_PROOF_RUNS = [next(c for c in TRACKER_RUNS if c.training_loop == loop) for loop in ("trainer", "native")]
@@ -928,9 +982,9 @@ def test_every_function_and_class_the_package_defines_is_used_by_the_project(ren
 # proofs stay in the template: tests/proofs/). src/ and its lines over 110 characters are held at the
 # counts they have come down to (README.md, "What you get"), for the default render of each loop and the
 # fullest (every yes/no answer on, a tracker): lower them as the code shrinks.
-SHELL_CAP, TESTS_CAP = 450, {"default": 3000, "fullest": 3210}
-SRC_CAP = {"default": {"native": 3270, "trainer": 2806}, "fullest": {"native": 3931, "trainer": 3431}}
-LONG_LINES_CAP = {"native": 63, "trainer": 80}
+SHELL_CAP, TESTS_CAP = 450, {"default": 2928, "fullest": 3213}
+SRC_CAP = {"default": {"native": 3205, "trainer": 2760}, "fullest": {"native": 3969, "trainer": 3464}}
+LONG_LINES_CAP = {"native": 61, "trainer": 76}
 
 
 def line_counts(paths: list[Path]) -> tuple[int, int]:
@@ -942,7 +996,8 @@ def line_counts(paths: list[Path]) -> tuple[int, int]:
 # Each loop's render with the default answers, and with every feature (every yes/no answer, a tracker).
 LEAN_RUNS = {
     **{f"default-{loop}": Combination(loop, True, "auto") for loop in ("trainer", "native")},
-    **{f"fullest-{loop}": Combination(loop, True, "auto", True, "mlflow", include_lora=True, include_doctor=True)
+    **{f"fullest-{loop}": Combination(loop, True, "auto", True, "mlflow", include_lora=True, include_doctor=True,
+                                      include_fsdp=True)
        for loop in ("trainer", "native")},
 }
 

@@ -1,7 +1,8 @@
 """--fsdp in the native loop, trained for real on 2 CPU processes (gloo): FSDP2 trains to DDP's weights;
 its sharded checkpoints resume after SIGTERM and a killed worker through the launch script, on one process,
 and without FSDP, and a DDP checkpoint resumes under FSDP; LoRA, gradient checkpointing, accumulation and
-bf16 under FSDP leave an output_dir that predict, pipeline() and merge_lora load. A native render only.
+bf16 under FSDP leave an output_dir that predict, pipeline() and merge_lora load. A native render with
+include_fsdp only.
 
 The runs use the smoke BERT without dropout (test_native_resume.py's no_dropout_assets): runs on one and on
 two processes then differ in their batching alone, not in their dropout streams.
@@ -24,7 +25,6 @@ from conftest import (
     PACKAGE,
     SMOKE,
     TRAIN_SIZE,
-    needs_fsdp_torch,
     package_module,
     read_jsonl,
     smoke_flags,
@@ -37,11 +37,13 @@ from tiny_decoders import make_tiny_decoder
 from transformers import AutoConfig, AutoModelForSequenceClassification, pipeline
 from warm_launch import run_python, torchrun
 
-pytestmark = [pytest.mark.slow, needs_fsdp_torch]  # real launches
-
 checkpoint = package_module("checkpoint")
 modeling = package_module("modeling")
+parallel = package_module("parallel")
 smoke = package_module("smoke")
+
+pytestmark = [pytest.mark.slow,  # real launches
+              pytest.mark.skipif(torch.__version__ < parallel.FSDP_SINCE, reason="--fsdp needs a newer torch")]
 
 STEPS_PER_EPOCH = TRAIN_SIZE // (2 * SMOKE["per_device_train_batch_size"])  # 2 ranks
 TOTAL_STEPS = 3 * STEPS_PER_EPOCH
@@ -314,7 +316,7 @@ def test_the_blocks_of_every_family_are_found_from_the_model(family: str, lora_r
         model = transformers.AutoModelForSequenceClassification.from_config(config)
         if lora_r:
             model = adapters.wrap_with_lora(model, adapters.LoraArguments("m", lora_r=lora_r))
-    blocks = modeling.transformer_blocks(model)
+    blocks = parallel.transformer_blocks(model)
     classifier = adapters.classifier_of(model)
     assert len(blocks) == 2 and blocks is classifier.get_submodule(BLOCKS[family])
 

@@ -154,17 +154,17 @@ def test_the_doctor_checks_the_gpu_count_and_the_precision_they_support(smoke_as
 
 
 # What the Trainer hands accelerate for --fsdp true, in one process: parsed as train.py parses it, the model
-# loaded and its block class named (train.build_trainer), then accelerate's plugin built from the settings and
+# loaded and its block class named (parallel.parallelize), then accelerate's plugin built from the settings and
 # its wrap policy applied to the model, as the Trainer and accelerate's prepare do.
 FSDP_SETTINGS = f"""
 import json, sys
 from accelerate.utils import FullyShardedDataParallelPlugin
 from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
-from {PACKAGE} import config, data, modeling, train, training_args
+from {PACKAGE} import config, data, modeling, parallel, training_args
 
 model_args, _, args = config.parse_args(training_args.TrainingArguments, sys.argv[1:])
 model = modeling.load_model(model_args, data.Task("single_label_classification", ["negative", "positive"]))
-train.shard_blocks_of(model, args)
+parallel.shard_blocks_of(model, args)
 plugin = FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
 plugin.set_auto_wrap_policy(model)
 wraps = fsdp2_prepare_auto_wrap_policy(plugin, model)
@@ -175,6 +175,7 @@ print(json.dumps({{"use_cpu": args.use_cpu, "bf16": args.bf16, "version": plugin
 
 
 @pytest.mark.skipif(IS_NATIVE, reason="the native loop's --fsdp shards without accelerate")
+@pytest.mark.skipif(not hasattr(package_module("parallel"), "shard_blocks_of"), reason="rendered without FSDP")
 def test_trainer_fsdp_on_gpus_starts_every_rank_and_gives_accelerate_fsdp2_over_each_transformer_block(
     smoke_assets: Path, tmp_path: Path
 ) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import IS_NATIVE, PACKAGE, REPO_ROOT, TRAIN_SIZE, run_env, smoke_flags
+from conftest import IS_NATIVE, PACKAGE, REPO_ROOT, TRAIN_SIZE, package_module, run_env, smoke_flags
 from no_dropout import copy_without_dropout
 from safetensors.torch import load_file
 from slurm_cluster import SlurmCluster, require_netns, require_slurm
@@ -215,7 +215,7 @@ def attempts(log: str) -> list[int]:
     return [int(n) for n in re.findall(r"^=== job \d+, attempt (\d+)", log, re.MULTILINE)]
 
 
-if IS_NATIVE:
+if IS_NATIVE and hasattr(package_module("parallel"), "shard_model"):  # rendered with FSDP
 
     def test_an_fsdp_job_on_two_nodes_is_requeued_resumes_its_shards_and_ends_with_the_undisturbed_weights(
         cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path

@@ -43,10 +43,6 @@ def names_from(module: str, *names: str) -> tuple:
     return operator.attrgetter(*names)(package_module(module))
 
 
-# The native loop's --fsdp refuses a torch older than training_args.FSDP_SINCE.
-needs_fsdp_torch = pytest.mark.skipif(IS_NATIVE and torch.__version__ < package_module("training_args").FSDP_SINCE,
-                                      reason="--fsdp needs a newer torch (training_args.FSDP_SINCE)")
-
 SMOKE_CONFIG = REPO_ROOT / "configs" / "smoke.yaml"
 SMOKE = yaml.safe_load(SMOKE_CONFIG.read_text())
 TRAIN_SIZE = 256  # divisible by 2 ranks x the smoke batch, so shards can be exactly disjoint

@@ -1,6 +1,5 @@
-"""The native loop's step, in this process (no torchrun): a loader shorter than the batch plan, a step
-the fp16 GradScaler skips, --fsdp on one process, and what a checkpoint must hold. Resume, accumulation,
-checkpoints and FSDP on two processes, trained for real: the template's proofs."""
+"""The native loop's step in this process (no torchrun): a loader shorter than the batch plan, a step the fp16
+GradScaler skips, what a checkpoint must hold. Two processes, trained for real: the template's proofs."""
 
 from __future__ import annotations
 
@@ -8,12 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import needs_fsdp_torch, package_module, smoke_flags
+from conftest import package_module, smoke_flags
 
 batching = package_module("batching")
 config = package_module("config")
-modeling = package_module("modeling")
-sharding = package_module("sharding")
 train = package_module("train")
 
 
@@ -67,19 +64,3 @@ def test_a_checkpoint_of_one_process_is_saved_and_read_without_warnings(build_jo
     saved = Path(job.args.output_dir) / "checkpoint-2"
     job.checkpointer.load(saved)
     assert [str(warning.message) for warning in recwarn] == []
-
-
-@needs_fsdp_torch
-def test_fsdp_on_one_process_trains_the_whole_model_after_finding_its_blocks(build_job, caplog) -> None:
-    """The config of a multi-GPU FSDP run, debugged on one process: accepted, and nothing is sharded."""
-    with caplog.at_level("INFO"):
-        job = build_job("--fsdp", "true")
-    assert job.model is job.module and not sharding.is_sharded(job.module)
-    assert "--fsdp on one process: nothing to shard, the model trains whole" in caplog.text
-    assert modeling.transformer_blocks(job.module) is job.module.bert.encoder.layer
-
-
-def test_fsdp_refuses_a_model_without_repeated_blocks() -> None:
-    with pytest.raises(config.ConfigError, match=r"^--fsdp: found no list of repeated transformer blocks in "
-                                                 r"Sequential to shard one by one; train it without --fsdp$"):
-        modeling.transformer_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)))

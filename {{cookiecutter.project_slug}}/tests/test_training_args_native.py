@@ -11,13 +11,13 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 import transformers
-from conftest import PACKAGE, REQUIRED, needs_fsdp_torch, package_module, run_env, run_python
+from conftest import PACKAGE, REQUIRED, package_module, run_env, run_python
 
 config = package_module("config")
 ConfigError = config.ConfigError
 TrainingArguments = package_module("training_args").TrainingArguments
+PARALLEL_FLAGS = {field.name for field in dataclasses.fields(package_module("parallel").ParallelArguments)}
 
 # The project's own flag; the Trainer variant adds it to transformers.TrainingArguments as well.
 PROJECT_FLAGS = {"mixed_precision"}
@@ -35,7 +35,6 @@ OWN_DEFAULTS = {
     "disable_tqdm": False,  # None: on unless the log level hides it
     "dataloader_num_workers": None,  # 0: here None sizes the loaders to this process's share of the CPUs
     "gradient_checkpointing": False,  # None: transformers' deprecated alias of activation_checkpointing
-    "fsdp": False,  # transformers' is a string of FSDP options; here true or false
 }
 
 
@@ -56,7 +55,9 @@ def test_every_flag_has_a_transformers_namesake() -> None:
 
 def test_defaults_follow_transformers_except_the_documented_ones() -> None:
     theirs = {field.name: transformers_default(field) for field in dataclasses.fields(transformers.TrainingArguments)}
-    ours = {field.name: field.default for field in dataclasses.fields(TrainingArguments) if field.name in theirs}
+    # parallel.py's own flags (ParallelArguments), where it has any, are its tests' (test_parallel.py).
+    ours = {field.name: field.default for field in dataclasses.fields(TrainingArguments)
+            if field.name in theirs.keys() - PARALLEL_FLAGS}
     differing = {name: default for name, default in ours.items() if default != theirs[name]}
     # transformers takes fused AdamW by default from torch 2.8 on; this loop on every torch it supports.
     fused = {} if theirs["optim"] == "adamw_torch_fused" else {"optim": "adamw_torch_fused"}
@@ -116,7 +117,7 @@ def test_help_is_short_and_lists_only_this_loops_flags() -> None:
     result = run_python(["-m", f"{PACKAGE}.train", "--help"], timeout=120, env=run_env(COLUMNS="80"))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert len(lines) <= 164  # with --fsdp; a longer package name wraps one more line
+    assert len(lines) <= 164  # a longer package name wraps one more line
     listed = set(re.findall(r"^  --(\w+)", result.stdout, flags=re.MULTILINE))
     # The flags of the dataclasses parse_args fills.
     fields = {field.name for parsed in config.parse_args(TrainingArguments, REQUIRED)
@@ -139,25 +140,6 @@ WHOLE_OR_FRACTION = "use a whole number of steps, or a fraction of the run below
 def test_bad_step_and_batch_counts_are_refused(flag: str, value: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse(flag, value)
-
-
-@needs_fsdp_torch
-@pytest.mark.parametrize(("flag", "value", "default"), [
-    ("--ddp_find_unused_parameters", "true", "False"), ("--ddp_bucket_cap_mb", "50", "None"),
-    ("--ddp_broadcast_buffers", "true", "False"),
-])
-def test_fsdp_refuses_the_ddp_settings_it_would_ignore(flag: str, value: str, default: str) -> None:
-    assert parse("--fsdp", "true").fsdp
-    parsed_value = value.capitalize() if default == "False" else value  # as the message prints the parsed bool
-    message = f"{flag} {parsed_value} is a DDP setting, which --fsdp does not use; leave it at {default}"
-    with pytest.raises(ConfigError, match=re.escape(message)):
-        parse("--fsdp", "true", flag, value)
-
-
-def test_fsdp_is_refused_with_a_torch_whose_fsdp2_trains_to_other_weights(monkeypatch) -> None:
-    monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion("2.9.1+cu128"))
-    with pytest.raises(ConfigError, match=r"^--fsdp needs torch 2\.10 or newer \(this is 2\.9\.1\+cu128, "):
-        parse("--fsdp", "true")
 
 
 def test_fractional_intervals_below_one_are_accepted() -> None:

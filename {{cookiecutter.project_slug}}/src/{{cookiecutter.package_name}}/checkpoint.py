@@ -48,7 +48,7 @@ class Checkpointer:
 
     output_dir: str | Path
     save_total_limit: int | None
-    model: torch.nn.Module  # the model itself (sharded in place under FSDP), not a DDP wrapper
+    model: torch.nn.Module  # the model itself (as parallel.py leaves it), not a DDP wrapper
     optimizer: torch.optim.Optimizer  # saved with the model through DCP: its state is sharded as they are
     tokenizer: PreTrainedTokenizerBase
     labels: list[str]  # what this run trains for: a checkpoint of other labels is refused
@@ -102,8 +102,8 @@ class Checkpointer:
             dist.barrier()  # nobody reads or rotates checkpoints until the new one is in place
 
     def sharded_state(self) -> dict[str, dict]:
-        """The weights and AdamW's state as DCP saves and loads them: this rank's shards under FSDP, named
-        as the model names its parameters (never by a wrapper), so that any wrapping reads them back."""
+        """The weights and AdamW's state as DCP saves and loads them: this rank's part of them, named as
+        the model names its parameters (never by a wrapper), so that any wrapping reads them back."""
         model, optimizer = get_state_dict(self.model, self.optimizer, options=STATE_OPTIONS)
         return {"model": model, "optimizer": optimizer}
 

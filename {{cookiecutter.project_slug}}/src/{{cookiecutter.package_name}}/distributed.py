@@ -18,8 +18,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import transformers
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 
 from .config import ConfigError
 from .device import DeviceSettings, autocast, select_device
@@ -134,27 +132,12 @@ def sharded_forward(model: torch.nn.Module, rows: datasets.Dataset, batches: Cal
     return gathered[0], gathered[1] if labelled else None, float(loss_sum)
 
 
-@contextlib.contextmanager
-def whole_weights(model: torch.nn.Module) -> Iterator[None]:
-    """Inside, every rank holds FSDP's whole weights and a forward communicates nothing, so ranks may run
-    different numbers of evaluation batches. Outside, the weights are sharded again."""
-    modules = [module for module in model.modules() if isinstance(module, FSDPModule)]
-    for module in modules:
-        module.set_reshard_after_forward(False, recurse=False)
-        module.unshard()
-    try:
-        yield
-    finally:
-        for module in modules:
-            module.reshard()
-            # fully_shard's defaults: blocks reshard after forward, the root keeps its weights until backward.
-            module.set_reshard_after_forward(module is not model, recurse=False)
-
-
-#% if cookiecutter.training_loop == "native" or cookiecutter.include_lora
+#% if cookiecutter.include_fsdp and (cookiecutter.training_loop == "native" or cookiecutter.include_lora)
 def gathered_on_rank0(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A state_dict's tensors whole, in fp32 as trained, on rank 0's CPU ({} elsewhere), one at a time on
     the device. Every rank calls it."""
+    from torch.distributed.tensor import DTensor  # here: only FSDP's runs gather
+
     rank, whole = dist.get_rank(), {}
     for name, tensor in state.items():
         if isinstance(tensor, DTensor):
@@ -199,9 +182,7 @@ def assert_gradients_synchronised(model: torch.nn.Module) -> None:
     averaged them (no gradient counts as NaN). One all_gather: call it once, not every step."""
     if not is_distributed():
         return
-    # FSDP's gradients are shards (DTensors), different on each rank by design: not compared here.
-    named = [(name, p) for name, p in model.named_parameters()
-             if p.requires_grad and not isinstance(p, DTensor)]
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     if not named:
         return
     nan = torch.tensor(math.nan, dtype=torch.float64)

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from .config import ConfigError, ModelArguments, flag
-from .distributed import gathered_on_rank0
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -149,17 +148,23 @@ def check_same_rank(checkpoint: Path, lora_r: int) -> None:
                           f"--lora_r {lora_r}: pass --lora_r {saved_r} to resume it, or use a new --output_dir")
 
 
-def save_base(model: torch.nn.Module, folder: str | Path, is_main_process: bool, sharded: bool) -> None:
+def save_base(model: torch.nn.Module, folder: str | Path, is_main_process: bool) -> None:
     """Beside a LoRA model's adapter, write its frozen body and untrained head, with the config, so that
     AutoModelForSequenceClassification, pipeline and predict.py load the folder whole. No-op without LoRA.
-    Every rank calls it: a sharded model's base is gathered on rank 0, which writes it."""
+    Every rank calls it; the main process writes."""
     if not is_lora(model):
         return
     from peft import get_base_model_state_dict
 
     base_weights = get_base_model_state_dict(model)
-    if sharded:
+    #% if cookiecutter.include_fsdp
+    from torch.distributed.fsdp import FSDPModule
+
+    from .distributed import gathered_on_rank0
+
+    if isinstance(model, FSDPModule):  # sharded: the base gathered whole on rank 0
         base_weights = gathered_on_rank0(base_weights)
+    #% endif
     if is_main_process:
         model.get_base_model().save_pretrained(folder, state_dict=base_weights)
 

@@ -160,21 +160,6 @@ def freeze_unused_parameters(model: torch.nn.Module, inputs: dict[str, torch.Ten
     return unused
 
 
-def transformer_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The repeated blocks FSDP shards one by one: the ModuleList of one class holding the most weights
-    (BERT's encoder.layer, GPT-2's h, Llama's layers). transformers' _no_split_modules names them for some
-    families only (DistilBERT, ELECTRA and DeBERTa-v2 leave it empty)."""
-    lists = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList)
-             and len({type(block) for block in module}) == 1 and any(True for _ in module.parameters())]
-    if not lists:
-        #% if cookiecutter.include_lora
-        model = lora.classifier_of(model)  # its own class's name, not peft's wrapper's
-        #% endif
-        raise ConfigError(f"--fsdp: found no list of repeated transformer blocks in {type(model).__name__} "
-                          "to shard one by one; train it without --fsdp")
-    return max(lists, key=lambda blocks: sum(p.numel() for p in blocks.parameters()))
-
-
 def check_labels_fit(model_dir: Path, task: Task, what: str, same_names: bool = False) -> None:
     """A local model must have a head of the size the task needs; a checkpoint, the same labels."""
     config = model_dir / "config.json"

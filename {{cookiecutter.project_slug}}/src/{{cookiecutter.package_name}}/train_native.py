@@ -1,7 +1,7 @@
 """Fine-tune a sequence classifier with an explicit PyTorch DDP loop, on one process or under torchrun.
 
-The run, top to bottom: join torchrun's process group; load and tokenise the data; build the model (in
-DistributedDataParallel, or sharded by FSDP2 with --fsdp), the optimizer and the schedule; resume from the
+The run, top to bottom: join torchrun's process group; load and tokenise the data; build the model (spread
+over the processes by parallel.py), the optimizer and the schedule; resume from the
 newest checkpoint; train, each optimizer step written out in `train` (evaluating as --eval_strategy says);
 evaluate the final model over exactly the eval set; with --do_predict, predict --test_file; write
 metrics.json. No Trainer and no accelerate.
@@ -10,7 +10,6 @@ metrics.json. No Trainer and no accelerate.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import itertools
 import logging
 import math
@@ -24,8 +23,6 @@ from functools import partial
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, get_scheduler
@@ -41,13 +38,11 @@ from .data import ClassificationCollator, ClassificationData, build_collator, lo
 from .device import autocast, resolve_device_settings
 from .distributed import (
     agree_on_precision,
-    assert_gradients_synchronised,
     cleanup_distributed,
     print_error,
     setup_logging,
     sharded_forward,
     start_distributed,
-    whole_weights,
 )
 from .metrics import (
     add_run_totals,
@@ -63,20 +58,24 @@ from .modeling import (
     load_model,
     load_tokenizer,
     parameter_counts,
-    transformer_blocks,
+)
+from .parallel import (
+    autocast_precision,
+    check_gradients,
+    final_weights,
+    grad_scaler,
+    gradient_sync,
+    parallelize,
+    whole_weights,
 )
 from .results import write_results
 from .resume import agree_on_resume_checkpoint
-from .sharding import assert_shards_reduced, gather_final_weights, is_sharded, shard_model
 from .stopping import StopRequest
 from .torchrun import STOPPED_EXIT_CODE, TorchrunEnv
 from .trackers import Tracker, start_tracker  # [tracker]
 from .training_args import TrainingArguments
 
 logger = logging.getLogger(f"{__package__}.train")  # not __name__: that is "__main__" under python -m
-# torch 2.13 renamed DDP's broadcast_buffers; the project supports older versions too.
-SYNC_BUFFERS = next(name for name in ("forward_sync_buffers", "broadcast_buffers")
-                    if name in inspect.signature(DistributedDataParallel).parameters)
 # A step the GradScaler skips calls no optimizer.step() (but with fused AdamW), yet the schedule steps, to be
 # taken back at the next log line (take_back_skipped_steps): torch's warning about that order would mislead.
 warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`")
@@ -123,8 +122,8 @@ class Job:
     sampler: ResumableSampler
     train_loader: DataLoader
     plan: BatchPlan
-    model: torch.nn.Module  # what the loop calls: DDP(module) when distributed without --fsdp, else module
-    module: torch.nn.Module  # the model itself, as load_model returned it (sharded in place by --fsdp)
+    model: torch.nn.Module  # what the loop calls: parallel.parallelize's wrapper of module, or module itself
+    module: torch.nn.Module  # the model itself, as load_model returned it
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler | None  # fp16 only: loss scaling keeps small gradients from flushing to zero
@@ -187,21 +186,13 @@ def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(module)
     module = module.to(device)
-    if args.fsdp and env.world_size > 1:
-        model = shard_model(module, device, env.world_size, precision)
-    else:
-        if args.fsdp:  # the same config on one GPU, to debug: refused or accepted as on many
-            transformer_blocks(module)
-            logger.info("--fsdp on one process: nothing to shard, the model trains whole")
-        model = wrap_in_ddp(module, args, env, device)
-    optimizer = build_optimizer(model, args)  # after wrapping: over the parameters DDP syncs, or FSDP's shards
+    model = parallelize(module, args, env, device, precision)
+    optimizer = build_optimizer(model, args)  # after parallelize: over the parameters this rank steps
     # --warmup_steps below 1 is a fraction of all steps, as in transformers.TrainingArguments.
     warmup = math.ceil(args.warmup_steps * plan.total_steps) if args.warmup_steps < 1 else int(args.warmup_steps)
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, warmup, plan.total_steps,
                               scheduler_specific_kwargs=args.lr_scheduler_kwargs)
-    scaler = None
-    if precision == "fp16":  # under FSDP a rank sees its shards' overflow: ShardedGradScaler agrees on it
-        scaler = ShardedGradScaler("cuda") if is_sharded(model) else torch.amp.GradScaler("cuda")
+    scaler = grad_scaler(model, precision)
     job = Job(args, data_args, env, device, precision, tokenizer, data, collator, sampler, train_loader, plan,
               model, module, optimizer, scheduler, scaler)
     job.tracker = start_tracker(args.report_to, args.output_dir,  # [tracker]
@@ -218,24 +209,6 @@ def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args
         logger.info("resumed from %s at step %d (epoch %d, step %d in it)", checkpoint, job.step, job.epoch,
                     job.step_in_epoch)
     return job
-
-
-def wrap_in_ddp(module: torch.nn.Module, args: TrainingArguments, env: TorchrunEnv,
-                device: torch.device) -> torch.nn.Module:
-    if env.world_size == 1:
-        return module
-    # DDP all-reduces the gradients of the trainable parameters only.
-    return DistributedDataParallel(
-        module,  # its constructor broadcasts rank 0's weights, so every rank starts identical
-        device_ids=[env.local_rank] if device.type == "cuda" else None,
-        find_unused_parameters=args.ddp_find_unused_parameters,
-        bucket_cap_mb=args.ddp_bucket_cap_mb,
-        # Buffers such as position ids never change here: syncing them wastes a collective per micro-step.
-        **{SYNC_BUFFERS: args.ddp_broadcast_buffers},
-        # Gradients live in the all-reduce buckets, with no copy between the two; train() zeroes
-        # them in place, which keeps that aliasing (set to None they would be re-made every step).
-        gradient_as_bucket_view=True,
-    )
 
 
 def build_optimizer(model: torch.nn.Module, args: TrainingArguments) -> torch.optim.Optimizer:
@@ -285,23 +258,20 @@ def train_and_evaluate(job: Job) -> dict[str, float]:
 
 def save_final_model(job: Job) -> None:
     """The final model in output_dir itself, as the Trainer variant leaves it: a plain save_pretrained
-    folder that predict and pipeline() load. Under FSDP its weights are gathered once."""
-    sharded = is_sharded(job.module)
-    weights = gather_final_weights(job.module) if sharded else None
+    folder that predict and pipeline() load, its weights as parallel.final_weights gives them."""
+    weights = final_weights(job.module)
     if job.env.is_main_process:
         job.module.save_pretrained(job.args.output_dir, state_dict=weights)  # None: the model's own
         job.tokenizer.save_pretrained(job.args.output_dir)
     #% if cookiecutter.include_lora
-    # Beside the adapter, the frozen base: every rank calls it, as under FSDP the base is gathered.
-    lora.save_base(job.module, job.args.output_dir, job.env.is_main_process, sharded)
+    lora.save_base(job.module, job.args.output_dir, job.env.is_main_process)  # beside the adapter, the base
     #% endif
 
 
 def train(job: Job) -> dict[str, float]:
     """The epoch loop. Each pass of the inner loop is one optimizer step over accumulated micro-batches."""
     args, plan, model, optimizer, scaler = job.args, job.plan, job.model, job.optimizer, job.scaler
-    sharded, ddp = is_sharded(model), isinstance(model, DistributedDataParallel)
-    autocast_precision = "no" if sharded else job.precision  # FSDP's MixedPrecisionPolicy casts instead
+    precision = autocast_precision(model, job.precision)
     meter, first_step, stop, earlier = LossMeter(job.device, job.step), job.step, StopRequest(), dict(job.totals)
     skipped = torch.zeros((), dtype=torch.int64, device=job.device)  # by the GradScaler, since the last log
     bar = tqdm(total=plan.total_steps, initial=job.step, desc="train", dynamic_ncols=True,  # no bars in files
@@ -320,21 +290,17 @@ def train(job: Job) -> dict[str, float]:
             examples = sum(len(batch["labels"]) for batch in micro_batches)  # this rank's: the same on all
             for index, batch in enumerate(micro_batches):
                 batch = {key: value.to(job.device, non_blocking=True) for key, value in batch.items()}
-                # DDP all-reduces gradients during backward (FSDP reduce-scatters them). Between micro-steps
-                # that is wasted traffic: it is off then, and the last backward averages the accumulated sum.
-                last = index == len(micro_batches) - 1
-                if sharded:
-                    model.set_requires_gradient_sync(last)
-                with model.no_sync() if ddp and not last else contextlib.nullcontext():
-                    with autocast(job.device, autocast_precision):
+                # Gradients sync during backward. Between micro-steps that is wasted traffic: it is off
+                # then, and the last backward averages the accumulated sum.
+                with gradient_sync(model, last=index == len(micro_batches) - 1):
+                    with autocast(job.device, precision):
                         # A micro-batch mean, weighted by its share of the step's examples: the accumulated
                         # gradient is the step's mean, as one big batch gives, also with a short last batch.
                         loss = model(**batch).loss * (len(batch["labels"]) / examples)
                     (scaler.scale(loss) if scaler is not None else loss).backward()
                 meter.add(loss, len(batch["labels"]))
             if job.step == first_step:  # once per run: proves the ranks really share gradients
-                assert_gradients_synchronised(job.module)
-                assert_shards_reduced(job.module)
+                check_gradients(job.module)
             if scaler is not None:
                 scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
             grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
@@ -347,7 +313,7 @@ def train(job: Job) -> dict[str, float]:
             else:
                 optimizer.step()
             job.scheduler.step()  # taken back at the next log line if the scaler skipped this step
-            optimizer.zero_grad(set_to_none=False)  # in place: see gradient_as_bucket_view in wrap_in_ddp
+            optimizer.zero_grad(set_to_none=False)  # in place: see gradient_as_bucket_view in parallel.py
             job.step, job.step_in_epoch = job.step + 1, job.step_in_epoch + 1
             end_of_epoch = job.step_in_epoch == plan.steps_per_epoch
             if end_of_epoch:
@@ -433,7 +399,7 @@ def evaluate(job: Job) -> dict[str, float]:
     start, args = time.perf_counter(), job.args
     batches = partial(build_loader, args=args, collator=job.collator,
                       batch_size=args.per_device_eval_batch_size, on_gpu=job.device.type == "cuda")
-    # job.module, not DDP: the ranks may run different numbers of eval batches (under FSDP on whole weights).
+    # job.module, not its wrapper: the ranks may run different numbers of eval batches, on whole weights.
     with whole_weights(job.module):
         outputs = sharded_forward(job.module, job.data.validation, batches, job.device, job.precision)
     if outputs is None:

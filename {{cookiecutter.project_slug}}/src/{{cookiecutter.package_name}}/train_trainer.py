@@ -40,14 +40,12 @@ from .config import (
 from .data import Task, build_collator, length_grouped_steps, load_data
 from .distributed import (
     agree_on_precision,
-    assert_gradients_synchronised,
     cleanup_distributed,
     is_distributed,
     length_sorted_shard,
     print_error,
     setup_logging,
     start_distributed,
-    whole_weights,
 )
 from .metrics import (
     add_run_totals,
@@ -57,13 +55,8 @@ from .metrics import (
     whole_run_metrics,
     write_log_line,
 )
-from .modeling import (
-    check_labels_fit,
-    load_model,
-    load_tokenizer,
-    parameter_counts,
-    transformer_blocks,
-)
+from .modeling import check_labels_fit, load_model, load_tokenizer, parameter_counts
+from .parallel import check_parallel_setup, parallelize, whole_weights
 from .results import write_results
 from .resume import agree_on_resume_checkpoint
 from .stopping import StopRequest, keep_through_sigterm
@@ -102,7 +95,7 @@ def prepare_run(args: TrainingArguments) -> None:
     args.device  # noqa: B018 - a property, read for its effect
     agree_on_precision(args.device_settings.precision)
     check_really_distributed(args.world_size)
-    check_fsdp_applies(args)
+    check_parallel_setup(args)
     set_seed(args.seed)
     configure_trackers(args.report_to, args.output_dir, args.process_index == 0)  # before the Trainer is built  # [tracker]
 
@@ -117,46 +110,6 @@ def check_really_distributed(world_size_in_use: int) -> None:
             f"(process group size {group_size}): the ranks would not share gradients. "
             "On CPU pass --use_cpu true and --ddp_backend gloo; on GPU check that CUDA is visible to every rank."
         )
-
-
-def check_fsdp_applies(args: TrainingArguments) -> None:
-    """--fsdp: accelerate shards the model only in a run torchrun started on GPUs (MULTI_GPU, even of one
-    process). Elsewhere it would train plain DDP without a word (on CPU, which parsing refuses already), or
-    the Trainer would stop with a traceback (one process started without torchrun)."""
-    from accelerate.utils import DistributedType
-
-    if not args.fsdp:
-        return
-    kind = args.distributed_state.distributed_type
-    if kind != DistributedType.MULTI_GPU:
-        raise ConfigError(f"--fsdp true: accelerate set this run up as {kind.value}, which it does not shard; start "
-                          "it with torchrun on GPUs (scripts/train_single_node.sh), or drop --fsdp")
-
-
-def shard_blocks_of(model: torch.nn.Module, args: TrainingArguments) -> None:
-    """--fsdp: name the model's transformer block class (modeling.transformer_blocks) to accelerate's FSDP2
-    auto-wrap, so that each block is sharded and gathered on its own, then the root. Its default, the model's
-    _no_split_modules, is empty for DistilBERT, ELECTRA and DeBERTa-v2: the whole model would be one unit,
-    gathered whole in every forward. A class --fsdp_config names wins."""
-    name = type(transformer_blocks(model)[0]).__name__
-    args.fsdp_plugin_args.setdefault("transformer_cls_names_to_wrap", name)
-
-
-class ShardingCheck(TrainerCallback):
-    """--fsdp: once accelerate has wrapped the model, check that it is sharded, and say into which units."""
-
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        from torch.distributed.fsdp import FSDPModule
-
-        units = {module: name for name, module in model.named_modules() if isinstance(module, FSDPModule)}
-        if not units:
-            raise RuntimeError("--fsdp true, but accelerate left the model unsharded: it would train as plain DDP")
-        blocks = [block for block in transformer_blocks(model) if block in units]
-        # Besides the blocks and the root, accelerate shards the input embeddings on their own.
-        others = ["the root" if name == "" else name for module, name in units.items() if module not in blocks]
-        logger.info("FSDP: %d %s blocks, %s sharded over %d ranks, each on its own", len(blocks),
-                    type(blocks[0]).__name__.removeprefix("FSDP") if blocks else "transformer", " and ".join(others),
-                    args.world_size)
 
 
 class StopOnSignal(TrainerCallback):
@@ -203,18 +156,6 @@ class RecordRun(TrainerCallback):
             split = batch_split(args.world_size, args.per_device_train_batch_size, args.gradient_accumulation_steps)
             (checkpoint / BATCH_PLAN).write_text(json.dumps(split) + "\n")
             (checkpoint / RUN_TOTALS).write_text(json.dumps(self.totals(args, state)) + "\n")
-
-
-class GradientSyncCheck(TrainerCallback):
-    """Before the first optimizer step, prove every rank holds the same averaged gradients."""
-
-    def __init__(self) -> None:
-        self.checked = False
-
-    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        if not self.checked:
-            assert_gradients_synchronised(model)
-            self.checked = True
 
 
 class ComputeMetrics:
@@ -320,8 +261,7 @@ def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: Tr
                          args.gradient_accumulation_steps)
     # Parameters the forward never uses are frozen, unless DDP is to search for them at every step.
     model = load_model(model_args, data.task, tokenizer, freeze_unused=not args.ddp_find_unused_parameters)
-    if args.fsdp:
-        shard_blocks_of(model, args)
+    parallel_check = parallelize(model, args)
     # Classification heads take **kwargs but ignore num_items_in_batch and return a per-batch mean.
     # If the Trainer believed otherwise it would multiply the loss (and the gradients) by the world
     # size and skip dividing by the accumulation steps.
@@ -342,7 +282,7 @@ def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: Tr
         processing_class=tokenizer,
         data_collator=build_collator(tokenizer, mixed_precision=args.fp16 or args.bf16),
         compute_metrics=ComputeMetrics(data.task),
-        callbacks=[ShardingCheck() if args.fsdp else GradientSyncCheck(), StopOnSignal(), RecordRun(), JsonLogLines()],
+        callbacks=[parallel_check, StopOnSignal(), RecordRun(), JsonLogLines()],
     )
     trainer.remove_callback(PrinterCallback)
     if trainer.pop_callback(ProgressCallback) is not None:  # on a terminal, unless --disable_tqdm
@@ -388,10 +328,9 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
         metrics.update(whole_run_metrics(state.log_history, record.totals(args, state), state.global_step))
         metrics.update(parameter_counts(trainer.model))
         metrics["epoch"] = state.epoch
-        trainer.save_model()  # under FSDP, the weights gathered whole (FULL_STATE_DICT)
+        trainer.save_model()
         #% if cookiecutter.include_lora
-        # Beside the adapter, the frozen base: every rank calls it, as under FSDP the base is gathered.
-        lora.save_base(trainer.model, args.output_dir, trainer.is_world_process_zero(), trainer.is_fsdp_enabled)
+        lora.save_base(trainer.model, args.output_dir, trainer.is_world_process_zero())  # beside the adapter
         #% endif
         trainer.save_state()
     if args.do_eval:
@@ -399,7 +338,7 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
         # distributed sampler repeats to even out the ranks: every example counts exactly once.
         metrics.update(trainer.evaluate())
         metrics.update(trainer.compute_metrics.tables)
-    # Each rank predicts its own share of the rows, in its own number of batches: under FSDP on whole weights.
+    # Each rank predicts its own share of the rows, in its own number of batches, on whole weights.
     with whole_weights(trainer.model) if args.do_predict else contextlib.nullcontext():
         write_results(args, metrics, trainer.state.log_history, trainer.is_world_process_zero(), trainer.model,
                       trainer.processing_class, trainer.compute_metrics.task, test_file, args.device,

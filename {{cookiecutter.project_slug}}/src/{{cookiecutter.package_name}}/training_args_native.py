@@ -12,25 +12,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from .config import ConfigError, check_training_settings, flag, read_batch_plan
 from .distributed import default_dataloader_workers
+from .parallel import ParallelArguments
 from .tracking import TRACKERS, check_installed  # [tracker]
 
 # checkpoint.py writes it last into checkpoint-N, after the weights: a folder holding it is complete.
 CHECKPOINT_LAST_FILE = "training_state.pt"
 STRATEGIES = ["no", "steps", "epoch"]
-# The first torch on which FSDP2 here trains to DDP's weights and resumes on another world size to the same
-# weights (2.8: other gradients on CPU; 2.9: other weights after such a resume).
-FSDP_SINCE = "2.10"
 # transformers' schedules, less those whose step() wants an eval metric (reduce_lr_on_plateau, greedy).
 SCHEDULES = ["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
              "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay"]
 
 
+# With the flags of parallel.py, where the model is spread over the processes.
 @dataclass
-class TrainingArguments:
+class TrainingArguments(ParallelArguments):
     # The run
     output_dir: str = flag("outputs", "Checkpoints, final model, metrics.json.")
     do_train: bool = flag(True, "Train (false: only evaluate).")
@@ -79,8 +76,6 @@ class TrainingArguments:
     ddp_find_unused_parameters: bool = flag(False, "For models that skip parameters by input.")
     ddp_broadcast_buffers: bool = flag(False, "Sync buffers before each forward.")
     ddp_bucket_cap_mb: int | None = flag(None, "DDP bucket MiB; None: torch's 25.")
-    # transformers takes a string of FSDP options; here true shards each transformer block (sharding.py).
-    fsdp: bool = flag(False, "Shard weights, grads, AdamW (FSDP2).")
     # Logging, evaluation and checkpoints; *_steps below 1 is a fraction of all steps
     logging_strategy: str = flag("steps", "When to log the train loss.", STRATEGIES)
     logging_steps: float = flag(10, "Log every N optimizer steps.")
@@ -100,8 +95,7 @@ class TrainingArguments:
             self.dataloader_num_workers = default_dataloader_workers()
         check_installed([self.report_to])  # [tracker]
         check_training_settings(self)
-        if self.fsdp:
-            check_fsdp_settings(self)
+        self.check_parallel_settings()
 
     def accumulation_to_resume(self, checkpoint: Path | None, world_size: int) -> int:
         """Gradient accumulation that keeps the global batch of `checkpoint` (None: a new run) on world_size
@@ -120,14 +114,3 @@ class TrainingArguments:
             )
         return global_batch // (per_device * world_size)
 
-
-def check_fsdp_settings(args: TrainingArguments) -> None:
-    """Refuse, rather than silently ignore, DDP's own settings; and a torch whose FSDP2 trains otherwise."""
-    for name in ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers"):
-        value, default = getattr(args, name), TrainingArguments.__dataclass_fields__[name].default
-        if value != default:
-            raise ConfigError(f"--{name} {value} is a DDP setting, which --fsdp does not use; "
-                              f"leave it at {default} or train without --fsdp")
-    if torch.__version__ < FSDP_SINCE:
-        raise ConfigError(f"--fsdp needs torch {FSDP_SINCE} or newer (this is {torch.__version__}, on which "
-                          "FSDP2 trains to other weights); upgrade torch or train without --fsdp")

@@ -20,22 +20,18 @@ from transformers.integrations import get_reporting_integration_callbacks
 from .config import ConfigError, batch_split, check_same_batch_plan, check_training_settings, read_batch_plan
 from .device import resolve_device_settings
 from .distributed import default_dataloader_workers
+from .parallel import ParallelArguments
 from .tracking import check_installed  # [tracker]
 
 # transformers.trainer.TRAINER_STATE_NAME: the Trainer writes it into checkpoint-N after the weights, the
 # optimizer and the RNG state, so a folder holding it is complete. (Not imported from there: the preflight
 # would then import the whole Trainer.)
 CHECKPOINT_LAST_FILE = "trainer_state.json"
-# What --fsdp true sets transformers' fsdp_config to, unless --fsdp_config gives one: FSDP2, each transformer
-# block sharded on its own (the block class is named once the model is loaded: train.py's shard_blocks_of),
-# its weights resharded after its forward, and whole weights gathered for every save, so that checkpoints
-# and output_dir load as without FSDP.
-FSDP2 = {"version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "reshard_after_forward": True,
-         "state_dict_type": "FULL_STATE_DICT", "cpu_ram_efficient_loading": False}
 
 
+# With the flags of parallel.py, where the model is spread over the processes.
 @dataclass
-class TrainingArguments(transformers.TrainingArguments):
+class TrainingArguments(ParallelArguments, transformers.TrainingArguments):
     mixed_precision: str = field(default="auto", metadata={
         "help": "auto: bf16 on GPUs that support it, else fp16; fp32 on CPU. Or bf16, fp16 (CUDA only), no.",
         "choices": ["auto", "bf16", "fp16", "no"]})
@@ -59,9 +55,6 @@ class TrainingArguments(transformers.TrainingArguments):
         default=False, metadata={"help": "Drop dataset columns the model does not take, before collation."})
     dataloader_num_workers: int | None = field(default=None, metadata={
         "help": "Loader processes per rank; None: this process's share of the CPUs less one, at most 4."})
-    # transformers 5 types its own fsdp as a string of options, and warns that strings are deprecated: here it
-    # is true or false, as in the native loop.
-    fsdp: bool = field(default=False, metadata={"help": "Shard weights, grads, AdamW (FSDP2); GPUs only."})
     output_dir: str | None = field(default="outputs", metadata={"help": "Checkpoints, final model, metrics.json."})
     logging_steps: float = field(default=10, metadata={"help": "Log every N optimizer steps."})
     save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most this many checkpoints."})
@@ -84,13 +77,7 @@ class TrainingArguments(transformers.TrainingArguments):
         self.ddp_backend = self.device_settings.ddp_backend
         self.fp16 = self.device_settings.precision == "fp16"
         self.bf16 = self.device_settings.precision == "bf16"
-        if self.fsdp:
-            if self.device_settings.use_cpu:  # accelerate would set the run up as plain DDP, without a word
-                raise ConfigError("--fsdp true needs GPUs under the Trainer: on CPU accelerate trains plain DDP and "
-                                  "shards nothing. Drop --fsdp, or use this template's native loop, whose --fsdp "
-                                  "shards on CPU too")
-            if self.fsdp_config is None:
-                self.fsdp_config = dict(FSDP2)
+        self.check_parallel_settings()
         self.parsing, do_eval = True, self.do_eval
         try:
             super().__post_init__()
