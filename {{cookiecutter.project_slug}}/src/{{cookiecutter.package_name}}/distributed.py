@@ -65,6 +65,16 @@ def print_error(message: str) -> None:
         time.sleep(5)
 
 
+@contextlib.contextmanager
+def exit_on_config_error() -> Iterator[None]:
+    """The commands' one exit for a bad setting: its `error:` line (print_error), then exit status 2."""
+    try:
+        yield
+    except ConfigError as err:
+        print_error(str(err))
+        raise SystemExit(2) from None
+
+
 def default_dataloader_workers() -> int:
     """Loader processes per rank: its share of the CPUs, less one for itself, at most 4 (a fixed 4
     oversubscribes small machines). The CPUs it may run on: SLURM's --cpus-per-task, a container's cpuset."""

@@ -35,14 +35,14 @@ from . import lora
 #% endif
 from .batching import BatchPlan, ResumableSampler, build_loader, build_train_batches
 from .checkpoint import TRAINING_STATE, Checkpointer
-from .config import ConfigError, DataArguments, ModelArguments, parse_args
+from .config import DataArguments, ModelArguments, parse_args
 from .data import ClassificationCollator, ClassificationData, build_collator, load_data
 from .device import autocast, resolve_device_settings
 from .distributed import (
     agree_on_precision,
     assert_gradients_synchronised,
     cleanup_distributed,
-    print_error,
+    exit_on_config_error,
     setup_logging,
     sharded_forward,
     start_distributed,
@@ -82,16 +82,13 @@ warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` be
 
 
 def main(argv: list[str] | None = None) -> None:
-    try:
+    with exit_on_config_error():
         model_args, data_args, args = parse_args(TrainingArguments, argv)
         env, device, precision = setup_distributed(args)
         try:
             train_and_evaluate(build_job(env, device, precision, model_args, data_args, args))
         finally:
             cleanup_distributed()
-    except ConfigError as err:
-        print_error(str(err))
-        raise SystemExit(2) from None
 
 
 def setup_distributed(args: TrainingArguments) -> tuple[TorchrunEnv, torch.device, str]:
