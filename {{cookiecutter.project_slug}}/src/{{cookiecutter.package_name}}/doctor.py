@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .config import parse_args
-from .device import DeviceSettings, resolve_device_settings
+from .device import DeviceSettings, training_device_settings
 from .distributed import cleanup_distributed, exit_on_config_error, start_distributed
 from .torchrun import TorchrunEnv
 from .training_args import TrainingArguments
@@ -43,8 +43,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     env = TorchrunEnv.read()
     with exit_on_config_error():
         _, _, args = parse_args(TrainingArguments, argv)
-        settings = resolve_device_settings(args.mixed_precision, fp16=args.fp16, bf16=args.bf16,
-                                           use_cpu=args.use_cpu, ddp_backend=args.ddp_backend)
+        settings = training_device_settings(args)
     # Once per node, before anything that could hang.
     results = show([check_gpus(env, settings)] if env.local_rank == 0 else [])
     if env.world_size == 1:

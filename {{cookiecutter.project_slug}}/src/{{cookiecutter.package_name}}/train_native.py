@@ -37,7 +37,7 @@ from .batching import BatchPlan, ResumableSampler, build_loader, build_train_bat
 from .checkpoint import TRAINING_STATE, Checkpointer
 from .config import DataArguments, ModelArguments, parse_args
 from .data import ClassificationCollator, ClassificationData, build_collator, load_data
-from .device import autocast, resolve_device_settings
+from .device import autocast, training_device_settings
 from .distributed import (
     agree_on_precision,
     assert_gradients_synchronised,
@@ -94,8 +94,7 @@ def main(argv: list[str] | None = None) -> None:
 def setup_distributed(args: TrainingArguments) -> tuple[TorchrunEnv, torch.device, str]:
     """Which process this is, its device (pinned) and precision; the process group started (if torchrun's)."""
     env = TorchrunEnv.read()
-    settings = resolve_device_settings(args.mixed_precision, fp16=args.fp16, bf16=args.bf16,
-                                       use_cpu=args.use_cpu, ddp_backend=args.ddp_backend)
+    settings = training_device_settings(args)
     setup_logging(env.is_main_process)
     device = start_distributed(settings, args.ddp_timeout)
     if args.tf32 is not None and device.type == "cuda":
