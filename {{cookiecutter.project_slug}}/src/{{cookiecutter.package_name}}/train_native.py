@@ -190,8 +190,7 @@ def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args
             logger.info("--fsdp on one process: nothing to shard, the model trains whole")
         model = wrap_in_ddp(module, args, env, device)
     optimizer = build_optimizer(model, args)  # after wrapping: over the parameters DDP syncs, or FSDP's shards
-    # --warmup_steps below 1 is a fraction of all steps, as in transformers.TrainingArguments.
-    warmup = math.ceil(args.warmup_steps * plan.total_steps) if args.warmup_steps < 1 else int(args.warmup_steps)
+    warmup = steps_of_run(args.warmup_steps, plan.total_steps)
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, warmup, plan.total_steps,
                               scheduler_specific_kwargs=args.lr_scheduler_kwargs)
     scaler = None
@@ -424,8 +423,12 @@ def due(strategy: str, interval: float, job: Job, end_of_epoch: bool) -> bool:
         return end_of_epoch
     if strategy != "steps":
         return False
-    every = math.ceil(interval * job.plan.total_steps) if interval < 1 else int(interval)
-    return job.step % every == 0
+    return job.step % steps_of_run(interval, job.plan.total_steps) == 0
+
+
+def steps_of_run(value: float, total_steps: int) -> int:
+    """A --*_steps flag's number of steps: below 1, a fraction of all steps, as transformers reads it."""
+    return math.ceil(value * total_steps) if value < 1 else int(value)
 
 
 def log(job: Job, logs: dict[str, float]) -> None:
