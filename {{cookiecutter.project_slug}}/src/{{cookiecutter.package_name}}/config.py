@@ -211,42 +211,34 @@ def read_config_file(argv: list[str]) -> tuple[Path | None, dict, list[str]]:
 
 
 def check_file_values(path: Path, values: dict, parser: HfArgumentParser) -> None:
-    """A config file's values, as YAML or JSON typed them, against its flags' names, types and choices:
-    argparse converts and checks the command line's strings only, never defaults. A flag the file gives is
-    no longer required on the command line."""
-    actions = {}
-    for action in parser._actions:
-        actions.setdefault(action.dest, action)  # a true-by-default flag's, not its --no_ twin's
-    unknown = sorted(set(values) - set(actions))
-    if unknown:
+    """A config file's values, as YAML or JSON typed them, against its flags' names, types and choices
+    (argparse converts and checks the command line's strings only, never defaults)."""
+    # Each name's first action: a true-by-default flag's, not its --no_ twin's.
+    actions = {action.dest: action for action in reversed(parser._actions)}
+    if unknown := sorted(set(values) - set(actions)):
         raise ConfigError(f"{path}: unknown setting(s) {', '.join(unknown)}; see --help for the names")
     for name, value in values.items():
         action = actions[name]
         if value is None:
             if action.required or action.default is not None:
                 raise ConfigError(f"{path}: {name} is empty: give it a value")
-        elif (expected := unfit_file_value(value, action.type)) is not None:
+        elif action.type in (int, float):  # or text argparse converts: PyYAML reads 2e-5 as text
+            numbers = (int,) if action.type is int else (int, float)
+            try:
+                valid = (isinstance(value, numbers) and not isinstance(value, bool)
+                         or isinstance(value, str) and action.type(value) is not None)
+            except ValueError:
+                valid = False
+            expected = "a whole number" if action.type is int else "a number"
+        elif getattr(action.type, "__name__", None) == "string_to_bool":  # HfArgumentParser's, for bool fields
+            valid, expected = isinstance(value, bool), "true or false"
+        else:  # text, or a mapping as lr_scheduler_kwargs takes
+            valid, expected = not isinstance(value, bool), "text (YAML reads unquoted no, yes, on, off as bools)"
+        if value is not None and not valid:
             raise ConfigError(f"{path}: {name}: {value!r} is not {expected}")
         if action.choices is not None and value not in action.choices:
             raise ConfigError(f"{path}: {name}: {value!r} is not one of {', '.join(map(str, action.choices))}")
-        action.required = False
-
-
-def unfit_file_value(value: Any, convert: Any) -> str | None:
-    """What a flag converted by `convert` expects, where a config file's value (not None) does not fit it."""
-    if convert in (int, float):  # or text argparse converts: PyYAML reads 2e-5 as text
-        numbers = (int,) if convert is int else (int, float)
-        try:
-            valid = (isinstance(value, numbers) and not isinstance(value, bool)
-                     or isinstance(value, str) and convert(value) is not None)
-        except ValueError:
-            valid = False
-        expected = "a whole number" if convert is int else "a number"
-    elif getattr(convert, "__name__", None) == "string_to_bool":  # HfArgumentParser's, for bool fields
-        valid, expected = isinstance(value, bool), "true or false"
-    else:  # text, or a mapping as lr_scheduler_kwargs takes
-        valid, expected = not isinstance(value, bool), "text (YAML reads unquoted no, yes, on, off as bools)"
-    return None if valid else expected
+        action.required = False  # the file gives it
 
 
 def parse_flags(parser: HfArgumentParser, argv: list[str] | None) -> tuple:
