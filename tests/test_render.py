@@ -927,8 +927,8 @@ def test_every_function_and_class_the_package_defines_is_used_by_the_project(ren
 # counts they have come down to (README.md, "What you get"), for the default render of each loop and the
 # fullest (every yes/no answer on, a tracker): lower them as the code shrinks.
 SHELL_CAP, TESTS_CAP = 450, {"default": 3000, "fullest": 3103}
-SRC_CAP = {"default": {"native": 3217, "trainer": 2739}, "fullest": {"native": 3878, "trainer": 3364}}
-LONG_LINES_CAP = {"native": 63, "trainer": 80}
+SRC_CAP = {"default": {"native": 3217, "trainer": 2736}, "fullest": {"native": 3871, "trainer": 3354}}
+LONG_LINES_CAP = {"native": 60, "trainer": 80}
 
 
 def line_counts(paths: list[Path]) -> tuple[int, int]:
