@@ -19,13 +19,10 @@ import time
 import traceback
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 import pytest
 import torch
 from conftest import REPO_ROOT, kill_tree, package_module, run_env
-
-RUN_MODULE = Path(__file__).with_name("run_module.py")  # torchrun --run-path runs a script: this one runs a module
 
 
 def torchrun(args: list[str], nproc: int = 2, timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess:
@@ -41,19 +38,20 @@ def start_torchrun(args: list[str], nproc: int = 2) -> WarmProcess:
 
     The agent, its rendezvous on a free port and the workers are torchrun's own; with `--run-path
     --start-method fork` (torchrun's options for a script run in the agent's interpreter) the workers
-    are forked from it, so they start with this test process's imports. `python -m torch.distributed.run`
-    starting `python -m <module>` workers, as the launch scripts do, is tested through the scripts.
+    are forked from it, so they start with this test process's imports. A module's workers are forked as
+    the render's launcher forks them (its torchrun.py's fork_workers_from_here: they run its worker.py).
+    The launcher's SIGTERM handling and one-line errors are tested through the launch scripts.
     """
     package_module("train")  # imported here once, so that every fork starts with it
-    target = ["--run-path", str(RUN_MODULE), *args[1:]] if args[0] == "-m" else ["--run-path", *args]
-    argv = ["--standalone", f"--nproc_per_node={nproc}", "--start-method", "fork", *target]
+    target = list(args) if args[0] == "-m" else ["--start-method", "fork", "--run-path", *args]
+    argv = ["--standalone", f"--nproc_per_node={nproc}", *target]
     return warm_start(partial(torch_distributed_run_main, argv), run_env())
 
 
 def torch_distributed_run_main(argv: list[str]) -> None:
     from torch.distributed import run
 
-    run.main(argv)
+    run.main(package_module("torchrun").fork_workers_from_here(argv))
 
 
 def run_python(args: list[str], timeout: int = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

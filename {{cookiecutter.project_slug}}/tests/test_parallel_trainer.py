@@ -31,7 +31,7 @@ def parse(*argv: str) -> TrainingArguments:
 def on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Parsing resolves the device as on one GPU, with --mixed_precision's answer for it left at no (fp32)."""
     settings = package_module("device").DeviceSettings(use_cpu=False, ddp_backend=None, precision="no")
-    monkeypatch.setattr(package_module("training_args"), "resolve_device_settings", lambda *args, **kwargs: settings)
+    monkeypatch.setattr(package_module("training_args"), "training_device_settings", lambda args: settings)
 
 
 def test_fsdp_is_off_by_default_so_ddp_stays() -> None:

@@ -31,7 +31,7 @@ from . import lora, resume
 #% else
 from . import resume
 #% endif
-from .config import BATCH_PLAN, ConfigError, check_same_batch_plan
+from .config import BATCH_PLAN, ConfigError, check_same_batch_plan, read_batch_plan
 from .distributed import is_distributed
 from .training_args import CHECKPOINT_LAST_FILE as TRAINING_STATE
 
@@ -80,11 +80,11 @@ class Checkpointer:
             #% endif
             config.save_pretrained(temporary)
             self.tokenizer.save_pretrained(temporary)
-            # Also on its own: a resume reads it before it builds the loader (config.read_batch_plan).
+            # A resume reads it before it builds the loader (config.read_batch_plan).
             (temporary / BATCH_PLAN).write_text(json.dumps(self.batch_plan) + "\n")
             state = {name: None if part is None else part.state_dict() for name, part in self.parts.items()}
             state |= self.position.state_dict()
-            state |= {"batch_plan": self.batch_plan, "rng_states": rng_states,  # one per rank, in rank order
+            state |= {"rng_states": rng_states,  # one per rank, in rank order
                       "labels": self.labels, "model_type": self.model.config.model_type}
             torch.save(state, temporary / TRAINING_STATE)
             # A run resumed from an earlier step reaches steps saved before: its own save replaces theirs.
@@ -116,7 +116,7 @@ class Checkpointer:
         # Under a plan with fewer steps per epoch, the checkpoint's step in its epoch would point past the
         # end, and the run would take its remaining steps on no data at all. Only the split of the global
         # batch may differ.
-        check_same_batch_plan(checkpoint, state["batch_plan"], self.batch_plan,
+        check_same_batch_plan(checkpoint, read_batch_plan(checkpoint), self.batch_plan,
                               same=("global_batch_size", "train_size", "steps_per_epoch"), advice=(
                                   "Its place in the epoch only means something under its own batch plan: to "
                                   "continue it, run again with its settings; to train with these, use a new "

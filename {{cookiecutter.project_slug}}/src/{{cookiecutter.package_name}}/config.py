@@ -210,26 +210,35 @@ def read_config_file(argv: list[str]) -> tuple[Path | None, dict, list[str]]:
     return path, values or {}, argv[1:]
 
 
-def check_file_value(path: Path, name: str, value: Any, action: Any) -> None:
-    """A config file's value, as YAML or JSON typed it, against the type of its flag."""
-    if value is None:
-        if action.required or action.default is not None:
-            raise ConfigError(f"{path}: {name} is empty: give it a value")
-        return
-    if action.type in (int, float):  # or text argparse converts: PyYAML reads 2e-5 as text
-        numbers = (int,) if action.type is int else (int, float)
-        try:
-            valid = (isinstance(value, numbers) and not isinstance(value, bool)
-                     or isinstance(value, str) and action.type(value) is not None)
-        except ValueError:
-            valid = False
-        expected = "a whole number" if action.type is int else "a number"
-    elif getattr(action.type, "__name__", None) == "string_to_bool":  # HfArgumentParser's, for bool fields
-        valid, expected = isinstance(value, bool), "true or false"
-    else:  # text, or a mapping as lr_scheduler_kwargs takes
-        valid, expected = not isinstance(value, bool), "text (YAML reads unquoted no, yes, on, off as bools)"
-    if not valid:
-        raise ConfigError(f"{path}: {name}: {value!r} is not {expected}")
+def check_file_values(path: Path, values: dict, parser: HfArgumentParser) -> None:
+    """A config file's values, as YAML or JSON typed them, against its flags' names, types and choices
+    (argparse converts and checks the command line's strings only, never defaults)."""
+    # Each name's first action: a true-by-default flag's, not its --no_ twin's.
+    actions = {action.dest: action for action in reversed(parser._actions)}
+    if unknown := sorted(set(values) - set(actions)):
+        raise ConfigError(f"{path}: unknown setting(s) {', '.join(unknown)}; see --help for the names")
+    for name, value in values.items():
+        action = actions[name]
+        if value is None:
+            if action.required or action.default is not None:
+                raise ConfigError(f"{path}: {name} is empty: give it a value")
+        elif action.type in (int, float):  # or text argparse converts: PyYAML reads 2e-5 as text
+            numbers = (int,) if action.type is int else (int, float)
+            try:
+                valid = (isinstance(value, numbers) and not isinstance(value, bool)
+                         or isinstance(value, str) and action.type(value) is not None)
+            except ValueError:
+                valid = False
+            expected = "a whole number" if action.type is int else "a number"
+        elif getattr(action.type, "__name__", None) == "string_to_bool":  # HfArgumentParser's, for bool fields
+            valid, expected = isinstance(value, bool), "true or false"
+        else:  # text, or a mapping as lr_scheduler_kwargs takes
+            valid, expected = not isinstance(value, bool), "text (YAML reads unquoted no, yes, on, off as bools)"
+        if value is not None and not valid:
+            raise ConfigError(f"{path}: {name}: {value!r} is not {expected}")
+        if action.choices is not None and value not in action.choices:
+            raise ConfigError(f"{path}: {name}: {value!r} is not one of {', '.join(map(str, action.choices))}")
+        action.required = False  # the file gives it
 
 
 def parse_flags(parser: HfArgumentParser, argv: list[str] | None) -> tuple:
@@ -261,19 +270,7 @@ def parse_args(training_args_class: type, argv: list[str] | None = None) -> tupl
     )
     config_path, values, flags = read_config_file(argv)
     if values:
-        actions = {}
-        for action in parser._actions:
-            actions.setdefault(action.dest, action)  # a true-by-default flag's, not its --no_ twin's
-        unknown = sorted(set(values) - set(actions))
-        if unknown:
-            raise ConfigError(f"{config_path}: unknown setting(s) {', '.join(unknown)}; see --help for the names")
-        for name, value in values.items():
-            # argparse converts and checks the command line's strings only, never defaults.
-            check_file_value(config_path, name, value, actions[name])
-            choices = actions[name].choices
-            if choices is not None and value not in choices:
-                raise ConfigError(f"{config_path}: {name}: {value!r} is not one of {', '.join(map(str, choices))}")
-            actions[name].required = False  # the file gives it
+        check_file_values(config_path, values, parser)
         parser.set_defaults(**values)
     model_args, data_args, training_args = parse_flags(parser, flags)
     if training_args.do_predict and data_args.test_file is None:

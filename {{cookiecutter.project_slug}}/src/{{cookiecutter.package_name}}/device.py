@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -58,6 +59,12 @@ def resolve_device_settings(mixed_precision: str, *, fp16: bool = False, bf16: b
     if ddp_backend is None and TorchrunEnv.read().world_size > 1:
         ddp_backend = "nccl" if on_gpu else "gloo"
     return DeviceSettings(use_cpu=not on_gpu, ddp_backend=ddp_backend, precision=precision)
+
+
+def training_device_settings(args: Any) -> DeviceSettings:
+    """resolve_device_settings from a training run's flags (either loop's TrainingArguments)."""
+    return resolve_device_settings(args.mixed_precision, fp16=args.fp16, bf16=args.bf16, use_cpu=args.use_cpu,
+                                   ddp_backend=args.ddp_backend)
 
 
 def autocast(device: torch.device, precision: str) -> torch.autocast:

@@ -52,15 +52,20 @@ def agree_on_precision(precision: str) -> None:
                           "types; pass --mixed_precision fp16 (or no) so that every rank trains alike")
 
 
-def print_error(message: str) -> None:
-    """Print a bad setting as one `error:` line per node (each node's first process): files can differ
-    between nodes, so rank 0 alone could hide a node's own problem. torchrun stops every process once the
-    first one ends: the node's other processes wait a little, so that its first one has printed by then."""
-    launch = TorchrunEnv.read()
-    if launch.local_rank == 0:
-        print(f"error: {message}", file=sys.stderr)
-    elif launch.world_size > 1:
-        time.sleep(5)
+@contextlib.contextmanager
+def exit_on_config_error() -> Iterator[None]:
+    """The commands' one exit for a bad setting: an `error:` line per node (files can differ between nodes, so
+    rank 0 alone could hide a node's own problem), then exit status 2. torchrun stops every process once one
+    ends: the node's other processes wait a little, so that its first one has printed by then."""
+    try:
+        yield
+    except ConfigError as err:
+        launch = TorchrunEnv.read()
+        if launch.local_rank == 0:
+            print(f"error: {err}", file=sys.stderr)
+        elif launch.world_size > 1:
+            time.sleep(5)
+        raise SystemExit(2) from None
 
 
 def default_dataloader_workers() -> int:

@@ -19,9 +19,9 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from .config import ConfigError, parse_args
-from .device import DeviceSettings, resolve_device_settings
-from .distributed import cleanup_distributed, print_error, start_distributed
+from .config import parse_args
+from .device import DeviceSettings, training_device_settings
+from .distributed import cleanup_distributed, exit_on_config_error, start_distributed
 from .torchrun import TorchrunEnv
 from .training_args import TrainingArguments
 
@@ -41,13 +41,9 @@ class Result:
 
 def main(argv: list[str] | None = None) -> NoReturn:
     env = TorchrunEnv.read()
-    try:
+    with exit_on_config_error():
         _, _, args = parse_args(TrainingArguments, argv)
-        settings = resolve_device_settings(args.mixed_precision, fp16=args.fp16, bf16=args.bf16,
-                                           use_cpu=args.use_cpu, ddp_backend=args.ddp_backend)
-    except ConfigError as err:
-        print_error(str(err))
-        raise SystemExit(2) from None
+        settings = training_device_settings(args)
     # Once per node, before anything that could hang.
     results = show([check_gpus(env, settings)] if env.local_rank == 0 else [])
     if env.world_size == 1:

@@ -18,7 +18,7 @@ import torch
 from transformers import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING, AutoConfig, AutoTokenizer, HfArgumentParser
 
 from .config import ConfigError, check_local_path, parse_flags
-from .distributed import print_error
+from .distributed import exit_on_config_error
 from .lora import ADAPTER_CONFIG, quiet_peft
 from .modeling import LOAD_OPTIONS
 
@@ -62,12 +62,9 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = HfArgumentParser(MergeArguments, prog=f"python -m {__package__}.merge_lora")
-    try:
+    with exit_on_config_error():
         (args,) = parse_flags(parser, argv)
         path = merge_lora(args.model_name_or_path, args.output_dir)
-    except ConfigError as err:
-        print_error(str(err))
-        raise SystemExit(2) from None
     print(f"merged model written to {path}/")
 
 

@@ -37,8 +37,8 @@ from .data import Task, build_collator, log_truncation, read_files, tokenize_dat
 from .device import resolve_device_settings
 from .distributed import (
     cleanup_distributed,
+    exit_on_config_error,
     main_process_first,
-    print_error,
     setup_logging,
     sharded_forward,
     start_distributed,
@@ -77,7 +77,7 @@ class PredictArguments:
 
 def main(argv: list[str] | None = None) -> None:
     parser = HfArgumentParser(PredictArguments, prog=f"python -m {__package__}.predict")
-    try:
+    with exit_on_config_error():
         (args,) = parse_flags(parser, argv)
         settings = resolve_device_settings(args.mixed_precision, use_cpu=args.use_cpu)
         setup_logging(TorchrunEnv.read().is_main_process)
@@ -92,9 +92,6 @@ def main(argv: list[str] | None = None) -> None:
                          settings.precision, num_proc=args.preprocessing_num_workers)
         finally:
             cleanup_distributed()
-    except ConfigError as err:
-        print_error(str(err))
-        raise SystemExit(2) from None
 
 
 def load_trained_model(path: str, device: torch.device) -> tuple[PreTrainedModel, object, Task]:

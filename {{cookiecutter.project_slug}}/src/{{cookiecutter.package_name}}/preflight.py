@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -19,10 +18,10 @@ import torch
 #% if cookiecutter.include_lora
 from . import lora
 #% endif
-from .config import ConfigError, DataArguments, ModelArguments, check_batch_fits, check_local_path, parse_args
+from .config import DataArguments, ModelArguments, check_batch_fits, check_local_path, parse_args
 from .data import decide_task, load_raw_datasets
-from .device import resolve_device_settings
-from .distributed import setup_logging
+from .device import training_device_settings
+from .distributed import exit_on_config_error, setup_logging
 from .modeling import check_labels_fit, check_model_settings, load_tokenizer
 from .resume import agree_on_resume_checkpoint
 from .training_args import CHECKPOINT_LAST_FILE, TrainingArguments
@@ -31,21 +30,17 @@ logger = logging.getLogger(f"{__package__}.preflight")
 
 
 def main(argv: list[str] | None = None) -> None:
-    try:
+    with exit_on_config_error():
         world_size = int(os.environ.get("PREFLIGHT_WORLD_SIZE", "1"))
         model_args, data_args, args = parse_args(TrainingArguments, argv)
         setup_logging(is_main_process=True)
         check(model_args, data_args, args, world_size)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments, world_size: int) -> None:
     # Parsing checked the batch sizes and steps; the loops call the same functions. The precision this
     # node's GPUs support is queried without claiming one (in a fork: the launcher stays clear of CUDA).
-    settings = resolve_device_settings(args.mixed_precision, fp16=args.fp16, bf16=args.bf16, use_cpu=args.use_cpu,
-                                       ddp_backend=args.ddp_backend)
+    settings = training_device_settings(args)
     check_local_path(model_args.model_name_or_path)
     load_tokenizer(model_args)  # checks its path too, and refuses one with neither a pad nor an eos token
     check_model_settings(model_args, args.gradient_checkpointing)

@@ -33,13 +33,13 @@ from . import lora
 from .batching import BatchPlan, ResumableSampler, build_loader, build_train_batches
 from .checkpoint import TRAINING_STATE, Checkpointer
 from .compat import loss_scale, take_back_skipped_steps
-from .config import ConfigError, DataArguments, ModelArguments, parse_args
+from .config import DataArguments, ModelArguments, parse_args
 from .data import ClassificationCollator, ClassificationData, build_collator, load_data
-from .device import autocast, resolve_device_settings
+from .device import autocast, training_device_settings
 from .distributed import (
     agree_on_precision,
     cleanup_distributed,
-    print_error,
+    exit_on_config_error,
     setup_logging,
     sharded_forward,
     start_distributed,
@@ -82,23 +82,19 @@ warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` be
 
 
 def main(argv: list[str] | None = None) -> None:
-    try:
+    with exit_on_config_error():
         model_args, data_args, args = parse_args(TrainingArguments, argv)
         env, device, precision = setup_distributed(args)
         try:
             train_and_evaluate(build_job(env, device, precision, model_args, data_args, args))
         finally:
             cleanup_distributed()
-    except ConfigError as err:
-        print_error(str(err))
-        raise SystemExit(2) from None
 
 
 def setup_distributed(args: TrainingArguments) -> tuple[TorchrunEnv, torch.device, str]:
     """Which process this is, its device (pinned) and precision; the process group started (if torchrun's)."""
     env = TorchrunEnv.read()
-    settings = resolve_device_settings(args.mixed_precision, fp16=args.fp16, bf16=args.bf16,
-                                       use_cpu=args.use_cpu, ddp_backend=args.ddp_backend)
+    settings = training_device_settings(args)
     setup_logging(env.is_main_process)
     device = start_distributed(settings, args.ddp_timeout)
     if args.tf32 is not None and device.type == "cuda":
@@ -188,8 +184,7 @@ def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args
     module = module.to(device)
     model = parallelize(module, args, env, device, precision)
     optimizer = build_optimizer(model, args)  # after parallelize: over the parameters this rank steps
-    # --warmup_steps below 1 is a fraction of all steps, as in transformers.TrainingArguments.
-    warmup = math.ceil(args.warmup_steps * plan.total_steps) if args.warmup_steps < 1 else int(args.warmup_steps)
+    warmup = steps_of_run(args.warmup_steps, plan.total_steps)
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, warmup, plan.total_steps,
                               scheduler_specific_kwargs=args.lr_scheduler_kwargs)
     scaler = grad_scaler(model, precision)
@@ -379,8 +374,12 @@ def due(strategy: str, interval: float, job: Job, end_of_epoch: bool) -> bool:
         return end_of_epoch
     if strategy != "steps":
         return False
-    every = math.ceil(interval * job.plan.total_steps) if interval < 1 else int(interval)
-    return job.step % every == 0
+    return job.step % steps_of_run(interval, job.plan.total_steps) == 0
+
+
+def steps_of_run(value: float, total_steps: int) -> int:
+    """A --*_steps flag's number of steps: below 1, a fraction of all steps, as transformers reads it."""
+    return math.ceil(value * total_steps) if value < 1 else int(value)
 
 
 def log(job: Job, logs: dict[str, float]) -> None:

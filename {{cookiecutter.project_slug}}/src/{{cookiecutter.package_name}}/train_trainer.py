@@ -41,9 +41,9 @@ from .data import Task, build_collator, length_grouped_steps, load_data
 from .distributed import (
     agree_on_precision,
     cleanup_distributed,
+    exit_on_config_error,
     is_distributed,
     length_sorted_shard,
-    print_error,
     setup_logging,
     start_distributed,
 )
@@ -72,11 +72,8 @@ warnings.filterwarnings("ignore", r"`broadcast_buffers` is deprecated", FutureWa
 
 
 def main(argv: list[str] | None = None) -> None:
-    try:
+    with exit_on_config_error():
         trainer = run(*parse_args(TrainingArguments, argv))
-    except ConfigError as err:
-        print_error(str(err))
-        raise SystemExit(2) from None
     release(trainer)
 
 

@@ -18,7 +18,7 @@ import transformers
 from transformers.integrations import get_reporting_integration_callbacks
 
 from .config import ConfigError, batch_split, check_same_batch_plan, check_training_settings, read_batch_plan
-from .device import resolve_device_settings
+from .device import training_device_settings
 from .distributed import default_dataloader_workers
 from .parallel import ParallelArguments
 from .tracking import check_installed  # [tracker]
@@ -71,8 +71,7 @@ class TrainingArguments(ParallelArguments, transformers.TrainingArguments):
         # Device, backend and precision, before the parent reads them: on a CPU-only machine the
         # Trainer trains each rank alone unless use_cpu is set, and gloo alone does not make the
         # ranks synchronise gradients.
-        self.device_settings = resolve_device_settings(self.mixed_precision, fp16=self.fp16, bf16=self.bf16,
-                                                       use_cpu=self.use_cpu, ddp_backend=self.ddp_backend)
+        self.device_settings = training_device_settings(self)
         self.use_cpu = self.device_settings.use_cpu
         self.ddp_backend = self.device_settings.ddp_backend
         self.fp16 = self.device_settings.precision == "fp16"
