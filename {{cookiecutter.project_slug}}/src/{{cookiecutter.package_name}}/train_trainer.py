@@ -30,7 +30,6 @@ from . import lora
 from .compat import base_dataloader, check_private_overrides
 from .config import (
     BATCH_PLAN,
-    ConfigError,
     DataArguments,
     ModelArguments,
     batch_split,
