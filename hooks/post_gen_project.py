@@ -12,10 +12,9 @@ Steps, in order:
    (native-only modules, the sbatch script and its logs/ folder, the container and Kubernetes
    files, the tracker's modules and test, LoRA's modules and test, the doctor and its test,
    FSDP's tests) is deleted for any other, every version of it, with a folder it leaves
-   empty. A file this step expects but cannot find is a template bug: refused. Then keep
-   the chosen lines (``LINES_KEPT_ONLY_WHEN``): a Python line that ends with a marker, such
-   as ``# [tracker]``, loses the marker where its answer fits and is deleted elsewhere, so
-   that a feature not chosen leaves no line in the code that would call it.
+   empty. A file this step expects but cannot find is a template bug: refused. (Lines of
+   shared files that only an answer needs are kept or dropped by Jinja, as ``#% if``
+   line statements, before this hook runs.)
 2. Make ``scripts/*.sh`` and ``scripts/*.sbatch`` executable.
 3. Refuse the project if any text file still holds unrendered template text: a
    double-brace expression, a block tag or a line statement that names ``cookiecutter``. Answers may
@@ -120,8 +119,6 @@ KEPT_ONLY_WHEN = {
     ("include_doctor", True): ("src/{package}/doctor.py", "tests/test_doctor.py"),
     ("include_fsdp", True): ("tests/test_parallel.py",),  # FSDP's tests (DDP is every other test's)
 }
-# Python lines kept only when an answer meets a condition, marked in the template by a comment that ends them.
-LINES_KEPT_ONLY_WHEN = {"# [tracker]": TRACKER_CHOSEN}
 
 
 def versions(path: PurePosixPath, variables: tuple[str, ...]) -> dict[str, tuple[object, ...]]:
@@ -178,29 +175,6 @@ def keep_chosen_files(project: Path, answers: Mapping[str, object]) -> None:
         while folder != project and not any(folder.iterdir()):
             folder.rmdir()  # k8s/ without its manifest, logs/ without SLURM
             folder = folder.parent
-
-
-def chosen_lines(text: str, answers: Mapping[str, object], name: str) -> str:
-    """``text`` with each marked line kept, without its marker, where its answer fits, and deleted elsewhere."""
-    kept = []
-    for number, line in enumerate(text.splitlines(keepends=True), start=1):
-        content = line.rstrip("\r\n")
-        for marker, (variable, condition) in LINES_KEPT_ONLY_WHEN.items():
-            if marker in content:
-                if not content.endswith(f"  {marker}"):
-                    raise TemplateBug(f"{name}:{number} holds {marker} before its end; put it last, after two spaces")
-                content = content.removesuffix(f"  {marker}") if fits(answers[variable], condition) else None
-                break
-        if content is not None:
-            kept.append(content + line[len(line.rstrip("\r\n")) :])
-    return "".join(kept)
-
-
-def keep_chosen_lines(project: Path, answers: Mapping[str, object]) -> None:
-    for path in sorted(project.rglob("*.py")):
-        text = path.read_text(encoding="utf-8")
-        if any(marker in text for marker in LINES_KEPT_ONLY_WHEN):
-            path.write_text(chosen_lines(text, answers, path.relative_to(project).as_posix()), encoding="utf-8")
 
 
 # Tool caches that running ruff or pytest inside the template folder leaves behind.
@@ -300,7 +274,6 @@ def load_answers() -> dict[str, object]:
 def finish_project(project: Path, answers: Mapping[str, object]) -> None:
     remove_tool_caches(project)
     keep_chosen_files(project, answers)
-    keep_chosen_lines(project, answers)
     set_run_bits(project)
     unrendered = find_unrendered(project, answers)
     if unrendered:

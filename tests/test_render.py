@@ -40,7 +40,6 @@ from conftest import (
     TEMPLATE_DIR,
     cookiecutter_json,
     error_lines,
-    post_gen,
     pre_gen,
     relative_files,
 )
@@ -321,7 +320,6 @@ def test_render_has_exactly_the_expected_files(rendered, combo):
 def test_per_loop_files_are_the_chosen_loops_template_files(
     rendered, combo, default_answers
 ):
-    # Less the lines of an answer not chosen (LINES_KEPT_ONLY_WHEN): test_hooks.py tests that step.
     project = rendered(combo)
     answers = recorded_answers(combo, default_answers)
     # With the template's Jinja settings (its #% line statements), which the recorded answers leave out.
@@ -335,7 +333,7 @@ def test_per_loop_files_are_the_chosen_loops_template_files(
         path = PROJECT_TEMPLATE / name.replace(PACKAGE, "{{cookiecutter.package_name}}")
         source = path.with_stem("_".join([path.stem, *choices]))
         text = source.read_text(encoding="utf-8")
-        expected = post_gen.chosen_lines(env.from_string(text).render(cookiecutter=answers), answers, name)
+        expected = env.from_string(text).render(cookiecutter=answers)
         assert (project / name).read_text(encoding="utf-8") == expected, name
 
 

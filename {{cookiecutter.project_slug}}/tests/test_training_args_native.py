@@ -83,7 +83,9 @@ def test_a_trainer_only_flag_is_refused_by_the_parser(flags: list[str]) -> None:
 
 
 @pytest.mark.parametrize(("flag", "value"), [
-    ("--report_to", "comet_ml"),  # [tracker]
+    #% if cookiecutter.experiment_tracker != "none"
+    ("--report_to", "comet_ml"),
+    #% endif
     ("--optim", "sgd"),
     ("--train_sampling_strategy", "batch_rebalance"),
     ("--lr_scheduler_type", "reduce_lr_on_plateau"),  # its step() wants an eval metric

@@ -48,7 +48,9 @@ from .metrics import (
     add_run_totals,
     finished_message,
     is_finished,
-    scalars,  # [tracker]
+    #% if cookiecutter.experiment_tracker != "none"
+    scalars,
+    #% endif
     task_metrics,
     whole_run_metrics,
     write_log_line,
@@ -72,7 +74,9 @@ from .results import write_results
 from .resume import agree_on_resume_checkpoint
 from .stopping import StopRequest
 from .torchrun import STOPPED_EXIT_CODE, TorchrunEnv
-from .trackers import Tracker, start_tracker  # [tracker]
+#% if cookiecutter.experiment_tracker != "none"
+from .trackers import Tracker, start_tracker
+#% endif
 from .training_args import TrainingArguments
 
 logger = logging.getLogger(f"{__package__}.train")  # not __name__: that is "__main__" under python -m
@@ -129,7 +133,9 @@ class Job:
     history: list[dict] = field(default_factory=list)  # the logged lines, also saved in checkpoints
     totals: dict = field(default_factory=dict)  # time and examples trained up to the last checkpoint
     stopped: bool = False  # by SIGTERM, at a step every rank reached (StopRequest)
-    tracker: Tracker | None = None  # --report_to's, on rank 0  # [tracker]
+    #% if cookiecutter.experiment_tracker != "none"
+    tracker: Tracker | None = None  # --report_to's, on rank 0
+    #% endif
     checkpointer: Checkpointer = field(init=False)  # saves the optimizer, schedule, scaler and state_dict()
 
     def state_dict(self) -> dict:
@@ -190,8 +196,10 @@ def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args
     scaler = grad_scaler(model, precision)
     job = Job(args, data_args, env, device, precision, tokenizer, data, collator, sampler, train_loader, plan,
               model, module, optimizer, scheduler, scaler)
-    job.tracker = start_tracker(args.report_to, args.output_dir,  # [tracker]
-                                vars(model_args) | vars(data_args) | vars(args), env.is_main_process)  # [tracker]
+    #% if cookiecutter.experiment_tracker != "none"
+    job.tracker = start_tracker(args.report_to, args.output_dir,
+                                vars(model_args) | vars(data_args) | vars(args), env.is_main_process)
+    #% endif
     parts = {"scheduler": scheduler, "scaler": scaler}
     job.checkpointer = Checkpointer(args.output_dir, args.save_total_limit, module, optimizer, tokenizer,
                                     data.label_names, plan.as_dict(), parts, position=job)
@@ -238,16 +246,20 @@ def train_and_evaluate(job: Job) -> dict[str, float]:
             save_final_model(job)
         if args.do_eval:
             metrics.update(evaluate(job))
-            if job.tracker is not None:  # the final evaluation too, as the Trainer's trackers get it  # [tracker]
-                job.tracker.log(scalars(metrics), job.step)  # [tracker]
+            #% if cookiecutter.experiment_tracker != "none"
+            if job.tracker is not None:  # the final evaluation too, as the Trainer's trackers get it
+                job.tracker.log(scalars(metrics), job.step)
+            #% endif
         with whole_weights(job.module) if args.do_predict else contextlib.nullcontext():  # as in evaluate
             write_results(args, metrics, job.history, job.env.is_main_process, job.module, job.tokenizer,
                           job.data.task, job.data_args.test_file, job.device, job.precision,
                           job.data_args.preprocessing_num_workers)
         return metrics
     finally:
-        if job.tracker is not None:  # [tracker]
-            job.tracker.close()  # [tracker]
+        #% if cookiecutter.experiment_tracker != "none"
+        if job.tracker is not None:
+            job.tracker.close()
+        #% endif
         job.model = job.module  # drop DDP, which holds the process group, before the group is destroyed
 
 
@@ -387,9 +399,11 @@ def log(job: Job, logs: dict[str, float]) -> None:
     if not job.env.is_main_process:
         return
     epoch = {"epoch": round(job.step / job.plan.steps_per_epoch, 3)}
+    #% if cookiecutter.experiment_tracker != "none"
+    if job.tracker is not None:  # and a point for --report_to's tracker
+        job.tracker.log(scalars(logs), job.step)
+    #% endif
     job.history.append(write_log_line(job.step, epoch | logs))
-    if job.tracker is not None:  # and a point for --report_to's tracker  # [tracker]
-        job.tracker.log(scalars(logs), job.step)  # [tracker]
 
 
 def evaluate(job: Job) -> dict[str, float]:

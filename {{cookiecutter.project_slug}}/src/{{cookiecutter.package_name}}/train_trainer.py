@@ -60,7 +60,9 @@ from .results import write_results
 from .resume import agree_on_resume_checkpoint
 from .stopping import StopRequest, keep_through_sigterm
 from .torchrun import STOPPED_EXIT_CODE, TorchrunEnv
-from .trackers import close_trackers, configure_trackers  # [tracker]
+#% if cookiecutter.experiment_tracker != "none"
+from .trackers import close_trackers, configure_trackers
+#% endif
 from .training_args import CHECKPOINT_LAST_FILE, TrainingArguments
 
 RUN_TOTALS = "run_totals.json"  # time and examples trained up to this checkpoint, over every leg of the run
@@ -92,8 +94,10 @@ def prepare_run(args: TrainingArguments) -> None:
     agree_on_precision(args.device_settings.precision)
     check_really_distributed(args.world_size)
     check_parallel_setup(args)
+    #% if cookiecutter.experiment_tracker != "none"
+    configure_trackers(args.report_to, args.output_dir, args.process_index == 0)  # before the Trainer is built
+    #% endif
     set_seed(args.seed)
-    configure_trackers(args.report_to, args.output_dir, args.process_index == 0)  # before the Trainer is built  # [tracker]
 
 
 def check_really_distributed(world_size_in_use: int) -> None:
@@ -346,7 +350,9 @@ def release(trainer: Trainer) -> None:
     """Drop the Trainer's DDP wrapper, then the process group, so every rank exits cleanly."""
     trainer.accelerator.free_memory()
     trainer.model_wrapped = trainer.model
-    close_trackers()  # [tracker]
+    #% if cookiecutter.experiment_tracker != "none"
+    close_trackers()
+    #% endif
     cleanup_distributed()
 
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+#% if cookiecutter.experiment_tracker != "none"
+from . import tracking
+#% endif
 from .config import ConfigError, check_training_settings, flag, read_batch_plan
 from .distributed import default_dataloader_workers
 from .parallel import ParallelArguments
-from .tracking import TRACKERS, check_installed  # [tracker]
 
 # checkpoint.py writes it last into checkpoint-N, after the weights: a folder holding it is complete.
 CHECKPOINT_LAST_FILE = "training_state.pt"
@@ -81,7 +83,9 @@ class TrainingArguments(ParallelArguments):
     logging_steps: float = flag(10, "Log every N optimizer steps.")
     logging_first_step: bool = flag(False, "Also log after the first step.")
     disable_tqdm: bool = flag(False, "No progress bar.")
-    report_to: str = flag("none", "Tracker, offline in output_dir.", TRACKERS)  # [tracker]
+    #% if cookiecutter.experiment_tracker != "none"
+    report_to: str = flag("none", "Tracker, offline in output_dir.", tracking.TRACKERS)
+    #% endif
     eval_strategy: str = flag("no", "Eval during training (end: always).", STRATEGIES)
     eval_steps: float | None = flag(None, "Eval every N steps; None: logging_steps.")
     save_strategy: str = flag("steps", "When to save (end: always).", STRATEGIES)
@@ -93,7 +97,9 @@ class TrainingArguments(ParallelArguments):
             raise ConfigError("--do_train false and --do_eval false leave nothing to do; keep at least one")
         if self.dataloader_num_workers is None:
             self.dataloader_num_workers = default_dataloader_workers()
-        check_installed([self.report_to])  # [tracker]
+        #% if cookiecutter.experiment_tracker != "none"
+        tracking.check_installed([self.report_to])
+        #% endif
         check_training_settings(self)
         self.check_parallel_settings()
 

@@ -17,11 +17,13 @@ import torch
 import transformers
 from transformers.integrations import get_reporting_integration_callbacks
 
+#% if cookiecutter.experiment_tracker != "none"
+from . import tracking
+#% endif
 from .config import ConfigError, batch_split, check_same_batch_plan, check_training_settings, read_batch_plan
 from .device import training_device_settings
 from .distributed import default_dataloader_workers
 from .parallel import ParallelArguments
-from .tracking import check_installed  # [tracker]
 
 # transformers.trainer.TRAINER_STATE_NAME: the Trainer writes it into checkpoint-N after the weights, the
 # optimizer and the RNG state, so a folder holding it is complete. (Not imported from there: the preflight
@@ -81,7 +83,9 @@ class TrainingArguments(ParallelArguments, transformers.TrainingArguments):
         try:
             super().__post_init__()
             get_reporting_integration_callbacks(self.report_to)  # as the Trainer does, in every worker
-            check_installed(self.report_to)  # [tracker]
+            #% if cookiecutter.experiment_tracker != "none"
+            tracking.check_installed(self.report_to)
+            #% endif
         except ValueError as err:  # transformers' own checks of its flags: one error line, not a traceback
             raise ConfigError(str(err)) from None
         finally:
