@@ -14,7 +14,7 @@ SMOKE_DIR ?= build/smoke
 TORCH_INDEX_URL ?= $(if $(shell command -v nvidia-smi),,https://download.pytorch.org/whl/cpu)
 # The torch pin, kept in requirements-dev.txt only.
 TORCH_REQUIREMENT := $(shell grep -E '^torch[=<>~ ]' requirements-dev.txt)
-# The exact versions renders ship (tests/tested_versions.py): the template's tests run on them.
+# The exact versions renders ship (tests/template/tested_versions.py): the template's tests run on them.
 # CONSTRAINTS= (empty) installs the newest versions the ranges allow, as `make lock` does.
 CONSTRAINTS ?= {{cookiecutter.project_slug}}/constraints.txt
 
@@ -37,8 +37,8 @@ smoke: $(BIN)/.installed
 	cat $(SMOKE_DIR)/text-classifier/outputs/smoke/metrics.json
 
 # The template's own tests on 2 pytest-xdist workers (each module, or test class, on one: a class of
-# tests/test_fault_matrix.py shares one render's runs), then each generated project's own suite, one at a time (each
-# runs its SLURM tests, and one SLURM cluster at a time fits on this host).
+# tests/template/test_fault_matrix.py shares one render's runs), then each generated project's own suite,
+# one at a time (each runs its SLURM tests, and one SLURM cluster at a time fits on this host).
 test: lint
 	$(BIN)/python -m pytest -n 2 --dist loadscope tests -m "not rendered_suite"
 	$(BIN)/python -m pytest tests -m rendered_suite
@@ -54,7 +54,7 @@ lint: $(BIN)/.installed
 lock:
 	rm -rf $(VENV)
 	$(MAKE) $(BIN)/.installed CONSTRAINTS=
-	$(BIN)/python tests/tested_versions.py --write
+	$(BIN)/python tests/template/tested_versions.py --write
 	touch $(BIN)/.installed  # it holds exactly the versions just written
 
 # Both loops against the seed guide's loop and the compute limit, one workload side by side: under

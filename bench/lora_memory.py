@@ -4,7 +4,7 @@
 
 Renders the template once per training loop and saves one Llama-like decoder with
 save_pretrained: Llama-2's vocabulary size (32000), 4 layers of width 384 (19.4M parameters, 7.1M
-of them outside the embeddings), with the tiny Llama-like tokenizer of tests/proofs/tiny_decoders.py,
+of them outside the embeddings), with the tiny Llama-like tokenizer of tests/support/tiny_decoders.py,
 which has no pad token. Each row trains it through the rendered project's scripts/train_single_node.sh on 2 CPU
 processes (gloo, fp32), one epoch of 192 imdb-like reviews (bench/workload.py) cut at 128 tokens,
 8 per process per step: every weight trained, or LoRA (--lora_r 8, all linear layers, the head in

@@ -6,7 +6,7 @@ Renders the template once per training loop and saves a tiny, randomly initialis
 each family with save_pretrained (2 layers of width 64), each beside a tokenizer shaped like the
 family's own: WordPiece for BERT, DistilBERT (no token type ids) and ELECTRA; byte-level BPE for
 RoBERTa and ModernBERT; a Unigram model for DeBERTa-v2; and the proofs' tiny decoders
-(tests/proofs/tiny_decoders.py) for Llama, Qwen2 and GPT-2, whose tokenizers ship without a pad
+(tests/support/tiny_decoders.py) for Llama, Qwen2 and GPT-2, whose tokenizers ship without a pad
 token (Llama, GPT-2) or with one their config does not name (Qwen2). Every checkpoint but BERT's is
 saved as the family's pretraining model, so the classifier head is new, as when fine-tuning a Hub
 checkpoint.

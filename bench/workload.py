@@ -34,10 +34,10 @@ def smoke_module(project: Path):
 
 
 def tiny_decoders_module():
-    """The template's tiny decoders (tests/proofs/tiny_decoders.py), which no render ships."""
-    proofs = TEMPLATE / "tests" / "proofs"
-    if str(proofs) not in sys.path:
-        sys.path.insert(0, str(proofs))
+    """The template's tiny decoders (tests/support/tiny_decoders.py), which no render ships."""
+    support = TEMPLATE / "tests" / "support"
+    if str(support) not in sys.path:
+        sys.path.insert(0, str(support))
     import importlib
 
     return importlib.import_module("tiny_decoders")

@@ -19,7 +19,7 @@ PROJECT_TEMPLATE = TEMPLATE_DIR / "{{cookiecutter.project_slug}}"
 PACKAGE_TEMPLATE = PROJECT_TEMPLATE / "src" / "{{cookiecutter.package_name}}"
 
 Render = Callable[..., Path]
-# Proofs the template runs inside a render's tests/ (test_render.py), never collected here.
+# Proofs the template runs inside a render's tests/ (template/test_render.py), never collected here.
 collect_ignore = ["proofs"]
 
 

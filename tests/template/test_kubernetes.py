@@ -2,7 +2,7 @@
 Docker daemon.
 
 - ``k8s/trainjob.yaml`` is a ReadWriteMany volume claim and a ``TrainJob`` that validates
-  against the TrainJob CRD's openAPIV3Schema, vendored in ``tests/schemas/`` (source and
+  against the TrainJob CRD's openAPIV3Schema, vendored in ``tests/template/schemas/`` (source and
   commit in its README). The schema is read strictly, as ``kubectl apply --validate=strict``
   does: a field it does not name is an error. Its CEL rules, which jsonschema cannot run,
   are checked here for the fields the manifest sets.
@@ -29,7 +29,7 @@ import pytest
 import yaml
 from conftest import TEMPLATE_DIR
 
-SCHEMA_DIR = TEMPLATE_DIR / "tests" / "schemas"
+SCHEMA_DIR = TEMPLATE_DIR / "tests" / "template" / "schemas"
 CRD_SOURCE = "manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml"
 CRD_COMMIT = "658725bdae5c7e3a0854d93ac6ff492e109a22ab"  # kubeflow/trainer v2.3.0
 KUBERNETES_FILES = ("Dockerfile", ".dockerignore", "k8s/trainjob.yaml")

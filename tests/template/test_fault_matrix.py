@@ -2,7 +2,7 @@
 torchrun can recover.
 
 Against a render of each loop: real torchrun through the project's own launch scripts, 2 processes on gloo,
-2 data loader workers per rank. tests/runners/fault_inject.py runs the train module and faults one rank at
+2 data loader workers per rank. tests/support/fault_inject.py runs the train module and faults one rank at
 its first optimizer step after a complete checkpoint (epoch 1 of 2). The cases:
 
 - a worker SIGKILLed: the group restarts (MAX_RESTARTS=1) and ends with the undisturbed weights;
@@ -40,7 +40,7 @@ from safetensors.torch import load_file
 
 pytestmark = pytest.mark.launches
 
-RUNNERS = Path(__file__).resolve().parent / "runners"
+SUPPORT = Path(__file__).resolve().parent.parent / "support"
 TRAIN_SIZE, EVAL_SIZE = 256, 101
 STEPS_PER_EPOCH = TRAIN_SIZE // (2 * 16)  # 2 ranks x the smoke config's 16 a device
 FLAGS = ["--num_train_epochs", "2", "--save_strategy", "epoch", "--dataloader_num_workers", "2",
@@ -133,7 +133,7 @@ class Project:
 
     def env(self, token: str, **extra: str) -> dict[str, str]:
         env = {name: value for name, value in os.environ.items() if not name.startswith(("PYTEST", "FAULT"))}
-        env.update(PYTHONPATH=os.pathsep.join([str(self.root / "src"), str(RUNNERS)]), PYTHON=sys.executable,
+        env.update(PYTHONPATH=os.pathsep.join([str(self.root / "src"), str(SUPPORT)]), PYTHON=sys.executable,
                    OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                    FAULT_TRAIN_MODULE=f"{self.package}.train", **{TOKEN: token}, **extra)
         return env

@@ -1,7 +1,7 @@
 """The versions a render installs are the versions its tests passed with, and its declared floors hold.
 
 - constraints.txt, the exact versions each render ships, is what this environment runs the renders' tests on
-  (tests/tested_versions.py reads it off the installed packages; `make lock` rewrites it);
+  (tests/template/tested_versions.py reads it off the installed packages; `make lock` rewrites it);
 - a fresh render's `make install` installs exactly those versions (a real install, from the package index);
 - both loops' `make test` pass on the floors the rendered pyproject.toml declares (FLOOR_PACKAGES at the lowest
   release their ranges allow, the rest as pip resolves them).

@@ -783,8 +783,11 @@ def summary_counts(output: str) -> dict[str, int]:
 
 # What proves the template beyond a render's own tests: a real SLURM (two nodes in network namespaces,
 # root) and a simulated node of 8 GPUs. They run inside a copy of a render, beside its own tests, whose
-# tests/conftest.py they use; no render ships them.
+# tests/conftest.py they use; no render ships them. Their helpers (tests/support/) are copied with them, all
+# but the fault matrix's runner, which the template's own tests run.
 PROOFS = TEMPLATE_DIR / "tests" / "proofs"
+SUPPORT = TEMPLATE_DIR / "tests" / "support"
+NOT_COPIED = ["fault_inject.py", "README.md", "__pycache__"]
 SLURM_PROOFS = ["slurm_cluster.py", "test_slurm.py", "test_slurm_cluster.py", "slow_steps.py"]
 NATIVE_PROOFS = ["test_native_resume.py", "test_fsdp.py"]
 FSDP_PROOFS = ["test_fsdp.py"]  # test_slurm.py's and test_gpu_node.py's FSDP tests skip themselves without it
@@ -794,15 +797,17 @@ LOOP_INDEPENDENT_TESTS = ["tests/test_slurm_cluster.py"]
 
 
 def test_loop_independent_proofs_reach_no_loop_code():
-    for name in ["test_slurm_cluster.py", "slurm_cluster.py"]:
-        text = (PROOFS / name).read_text(encoding="utf-8")
-        assert not re.search(r"package_module|PACKAGE|IS_NATIVE|\btrain\b", text), name
+    for path in [PROOFS / "test_slurm_cluster.py", SUPPORT / "slurm_cluster.py"]:
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"package_module|PACKAGE|IS_NATIVE|\btrain\b", text), path.name
 
 
 def add_proofs(project: Path, combo: Combination) -> None:
     """The template's proofs, copied into a render's tests/ (the SLURM ones where it has the sbatch script, the
     native loop's where it has that loop, FSDP's where it has FSDP, the trackers' where it has one)."""
-    for path in PROOFS.iterdir():
+    for path in [*PROOFS.iterdir(), *SUPPORT.iterdir()]:
+        if path.name in NOT_COPIED:
+            continue
         if path.name in SLURM_PROOFS and not combo.include_slurm:
             continue
         if path.name in NATIVE_PROOFS and combo.training_loop != "native":
@@ -885,7 +890,7 @@ def run_make(project: Path, target: str, args: list[str], timeout: int, python: 
 
 
 # make test-all (pytest-xdist workers, each module on one), which runs the proofs too, ordered and grouped by
-# their plugin (tests/proofs/proof_scheduling.py).
+# their plugin (tests/support/proof_scheduling.py).
 SUITE_ARGS = ["-q", "-x", "-p", "no:cacheprovider", "-p", "proof_scheduling"]
 
 
@@ -948,8 +953,10 @@ def test_rendered_repo_passes_its_own_make_test(rendered, combo, tmp_path):
     if combo not in TRACKER_PROOF_RUNS:
         run_make(project, "test", ["-q", "-p", "no:cacheprovider"], timeout=600)
         return
-    for name in [*TRACKER_PROOFS, "warm_launch.py", "proof_scheduling.py"]:
+    for name in TRACKER_PROOFS:
         shutil.copy2(PROOFS / name, project / "tests" / name)
+    for name in ["warm_launch.py", "proof_scheduling.py"]:
+        shutil.copy2(SUPPORT / name, project / "tests" / name)
     run_make(project, "test-all", [*SUITE_ARGS, "-m", "'not slow or tracker'"], SUITE_TIMEOUT)
 
 
@@ -977,7 +984,7 @@ def test_every_function_and_class_the_package_defines_is_used_by_the_project(ren
 
 
 # What a render hands its user, in lines: its tests and test helpers, and its shell scripts (the
-# proofs stay in the template: tests/proofs/). src/ and its lines over 110 characters are held at the
+# proofs stay in the template: tests/proofs/, tests/support/). src/ and its lines over 110 characters are held at the
 # counts they have come down to (README.md, "What you get"), for the default render of each loop and the
 # fullest (every yes/no answer on, a tracker): lower them as the code shrinks.
 SHELL_CAP, TESTS_CAP = 450, {"default": 2928, "fullest": 3213}

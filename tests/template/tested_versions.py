@@ -6,10 +6,10 @@ packages' metadata, for the dependencies a render declares (its pyproject.toml, 
 and writes the template's file: packages that only some answers need (a loop, a yes/no feature, a tracker)
 sit in a Jinja block of that condition, so a render pins only what its answers install.
 
-    python tests/tested_versions.py          # print what the file should hold
-    python tests/tested_versions.py --write  # write it (`make lock` does, after a fresh install)
+    python tests/template/tested_versions.py          # print what the file should hold
+    python tests/template/tested_versions.py --write  # write it (`make lock` does, after a fresh install)
 
-tests/test_versions.py fails when the file and this environment disagree.
+tests/template/test_versions.py fails when the file and this environment disagree.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-TEMPLATE_DIR = Path(__file__).resolve().parent.parent
+TEMPLATE_DIR = Path(__file__).resolve().parents[2]
 CONSTRAINTS = TEMPLATE_DIR / "{{cookiecutter.project_slug}}" / "constraints.txt"
 HEADER = """\
 # The exact versions this project's tests passed with, on Python {python} (torch's CPU build there: pip

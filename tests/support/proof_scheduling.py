@@ -1,4 +1,4 @@
-"""A pytest plugin for the proofs run inside a render (`pytest -p proof_scheduling`, tests/test_render.py).
+"""A pytest plugin for the proofs run inside a render (`pytest -p proof_scheduling`, tests/template/test_render.py).
 
 Every SLURM test is slow, and both SLURM modules go to one pytest-xdist worker: one SLURM cluster at a time
 fits on the host. The modules run longest first (SLURM, then real launches, then unit tests), so that the
@@ -14,7 +14,9 @@ SLURM_MODULES = ("tests/test_slurm.py", "tests/test_slurm_cluster.py")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slurm: starts a real SLURM cluster (root; installs slurm-wlm if missing)")
-    config.addinivalue_line("markers", "tracker: trains with each tracker (a render with one: tests/test_render.py)")
+    config.addinivalue_line(
+        "markers", "tracker: trains with each tracker (a render with one: tests/template/test_render.py)"
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
