@@ -1,10 +1,8 @@
 """Which examples each rank trains on, step by step: the samplers, the loaders and the batch plan.
 
-The native loop's data plumbing. Every rank draws the same order (shuffled with seed + epoch, unless
-sequential) and takes its own share of it. As in DistributedSampler, where the examples do not divide
-among the ranks, the order is padded with its first examples (at most world size - 1 of them, so those
-are trained on twice that epoch); with --dataloader_drop_last it is cut instead, and so is each rank's
-last short batch, so those examples are left out that epoch.
+Every rank draws the same order (shuffled with seed + epoch, unless sequential) and takes its share. As in
+DistributedSampler, an order the ranks cannot split evenly is padded with its first examples (trained twice
+that epoch), or cut with --dataloader_drop_last, as is each rank's last short batch.
 """
 
 from __future__ import annotations
@@ -94,13 +92,9 @@ class ResumableSampler(Sampler[int]):
 
 def build_train_sampler(train_set: Dataset, args: TrainingArguments, rank: int, world_size: int,
                         accumulation_steps: int) -> ResumableSampler:
-    """This rank's share of each epoch (--train_sampling_strategy), reordered by set_epoch.
-
-    In both samplers the examples of optimizer step s are positions [s x G, (s + 1) x G) of one
-    global order, G being the global batch: the same examples however many ranks share them (only the
-    padding of an epoch's last step depends on their number), so a run can resume on another number of
-    processes.
-    """
+    """This rank's share of each epoch (--train_sampling_strategy), reordered by set_epoch. Step s trains
+    on positions [s x G, (s + 1) x G) of one global order (G: the global batch), however many ranks share
+    them: a run can resume on another number of processes."""
     if args.train_sampling_strategy == "group_by_length":
         sampler = DistributedLengthGroupedSampler(
             train_set["length"], args.per_device_train_batch_size, num_replicas=world_size, rank=rank,

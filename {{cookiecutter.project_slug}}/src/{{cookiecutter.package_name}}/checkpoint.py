@@ -1,11 +1,8 @@
 """The native loop's checkpoints: save (atomically), load and rotate (resume.py finds the newest).
 
-output_dir/checkpoint-N holds model_and_optimizer/ (the trainable weights and AdamW's state, through
-torch.distributed.checkpoint, which reshards on load), the model's config, the tokenizer,
-batch_plan.json and, written last, training_state.pt: the
-state_dict() of the parts the loop hands over (schedule, scaler, its position), every rank's RNG state,
-and the labels and model type a resume must match. As torchtitan's checkpointer, it knows those parts
-only as Stateful, and nothing of the loop.
+output_dir/checkpoint-N holds model_and_optimizer/ (trainable weights and AdamW's state, through DCP, which
+reshards on load), config, tokenizer, batch_plan.json and, written last, training_state.pt: the state_dict()
+of each part the loop hands over (schedule, scaler, position), every rank's RNG state, labels, model type.
 """
 
 from __future__ import annotations
@@ -57,11 +54,9 @@ class Checkpointer:
     position: Stateful  # the loop's place in the run: its keys stand at the top of training_state.pt
 
     def save(self, step: int) -> None:
-        """Write checkpoint-<step>. Every rank writes its shards into tmp-checkpoint-<step> and sends its RNG
-        state to rank 0, which renames the folder once it is whole: a crash mid-save leaves only the tmp-
-        folder (or old-checkpoint-<step>, one it replaces), which resume ignores. (Nothing is fsynced: after
-        a power loss some filesystems could keep the rename but not the data.)
-        """
+        """Write checkpoint-<step>: every rank writes its shards into tmp-checkpoint-<step>, which rank 0
+        renames once it is whole. A crash mid-save leaves a tmp- (or old-) folder, which resume ignores.
+        (Nothing is fsynced.)"""
         rng_states = gather_rng_states()  # on rank 0; None on the others
         final = Path(self.output_dir, f"checkpoint-{step}")
         temporary = final.with_name(f"tmp-{final.name}")
@@ -113,9 +108,7 @@ class Checkpointer:
         state = torch.load(checkpoint / TRAINING_STATE, map_location="cpu", weights_only=True)
         sharded = self.sharded_state()
         self.check_same_model(checkpoint, state, sharded["model"])
-        # Under a plan with fewer steps per epoch, the checkpoint's step in its epoch would point past the
-        # end, and the run would take its remaining steps on no data at all. Only the split of the global
-        # batch may differ.
+        # Only the split of the global batch may differ: its step in the epoch means nothing under another.
         check_same_batch_plan(checkpoint, read_batch_plan(checkpoint), self.batch_plan,
                               same=("global_batch_size", "train_size", "steps_per_epoch"), advice=(
                                   "Its place in the epoch only means something under its own batch plan: to "

@@ -1,10 +1,6 @@
 """How the native loop spreads the model over the processes: DistributedDataParallel (DDP). train.py calls
 only this module (as torchtitan's trainer its parallelize_fn): it wraps the model and says how to step, sync
-and save.
-
-DDP keeps the whole model on every rank: gradients are averaged over the ranks with all-reduces during
-backward, and every rank steps its own copy with them, so the copies stay identical.
-"""
+and save. DDP keeps the whole model on every rank and averages the gradients during backward."""
 
 from __future__ import annotations
 
@@ -38,11 +34,6 @@ class ParallelArguments:
 def parallelize(module: torch.nn.Module, args: TrainingArguments, env: TorchrunEnv, device: torch.device,
                 precision: str) -> torch.nn.Module:
     """What the loop calls: the module in DDP when there are several processes, else the module itself."""
-    return wrap_in_ddp(module, args, env, device)
-
-
-def wrap_in_ddp(module: torch.nn.Module, args: TrainingArguments, env: TorchrunEnv,
-                device: torch.device) -> torch.nn.Module:
     if env.world_size == 1:
         return module
     # DDP all-reduces the gradients of the trainable parameters only.

@@ -1,10 +1,8 @@
 """Fine-tune a sequence classifier with an explicit PyTorch DDP loop, on one process or under torchrun.
 
-The run, top to bottom: join torchrun's process group; load and tokenise the data; build the model (spread
-over the processes by parallel.py), the optimizer and the schedule; resume from the
-newest checkpoint; train, each optimizer step written out in `train` (evaluating as --eval_strategy says);
-evaluate the final model over exactly the eval set; with --do_predict, predict --test_file; write
-metrics.json. No Trainer and no accelerate.
+The run, top to bottom: join the process group; load and tokenise the data; build the model (spread over
+the processes by parallel.py), optimizer and schedule; resume; train, each optimizer step written out in
+`train`; evaluate over exactly the eval set; predict (--do_predict); write metrics.json.
 """
 
 from __future__ import annotations
@@ -13,19 +11,17 @@ import contextlib
 import itertools
 import logging
 import math
-import random
 import sys
 import time
 import warnings
 from dataclasses import dataclass, field
 from functools import partial
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import PreTrainedTokenizerBase, get_scheduler
+from transformers import PreTrainedTokenizerBase, get_scheduler, set_seed
 
 #% if cookiecutter.include_lora
 from . import lora
@@ -149,21 +145,9 @@ class Job:
         self.history, self.totals = state["log_history"], state.get("run_totals", {})
 
 
-def set_seed(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's generators (on every device), as transformers.set_seed does: its
-    module takes seconds to import."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
-    """Recompute each layer's activations in the backward pass instead of keeping them.
-
-    Non-reentrant, as the Trainer's default: the reentrant form sends no gradient through a layer whose
-    inputs need none, as with frozen embeddings. Only transformers' hook making the embeddings' output need
-    one saves it there; without it the checkpointed layers got no gradient and DDP stopped at the next step
-    ("Expected to have finished reduction")."""
+    """Recompute each layer's activations in the backward pass instead of keeping them. Non-reentrant, as
+    the Trainer's default: the reentrant form sends no gradient through a layer whose inputs need none."""
     #% if cookiecutter.include_lora
     model = lora.classifier_of(model)  # inside peft's wrapper
     #% endif
@@ -221,8 +205,7 @@ def build_optimizer(model: torch.nn.Module, args: TrainingArguments) -> torch.op
         {"params": [p for p in parameters if p.dim() >= 2], "weight_decay": args.weight_decay},
         {"params": [p for p in parameters if p.dim() < 2], "weight_decay": 0.0},
     ]
-    # Fused: one kernel updates every parameter, on CUDA and on CPU, where it also
-    # beats the per-parameter loop (compare a run with --optim adamw_torch).
+    # Fused: one kernel updates every parameter, on CUDA and on CPU (faster than --optim adamw_torch).
     return torch.optim.AdamW(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
                              eps=args.adam_epsilon, fused=args.optim == "adamw_torch_fused")
 
@@ -244,6 +227,9 @@ def train_and_evaluate(job: Job) -> dict[str, float]:
                             "there", job.step, job.step)
                 raise SystemExit(STOPPED_EXIT_CODE)
             save_final_model(job)
+            #% if cookiecutter.include_lora
+            lora.save_base(job.module, args.output_dir, job.env.is_main_process)  # beside the adapter
+            #% endif
         if args.do_eval:
             metrics.update(evaluate(job))
             #% if cookiecutter.experiment_tracker != "none"
@@ -270,9 +256,6 @@ def save_final_model(job: Job) -> None:
     if job.env.is_main_process:
         job.module.save_pretrained(job.args.output_dir, state_dict=weights)  # None: the model's own
         job.tokenizer.save_pretrained(job.args.output_dir)
-    #% if cookiecutter.include_lora
-    lora.save_base(job.module, job.args.output_dir, job.env.is_main_process)  # beside the adapter, the base
-    #% endif
 
 
 def train(job: Job) -> dict[str, float]:

@@ -262,17 +262,14 @@ def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: Tr
     # Parameters the forward never uses are frozen, unless DDP is to search for them at every step.
     model = load_model(model_args, data.task, tokenizer, freeze_unused=not args.ddp_find_unused_parameters)
     parallel_check = parallelize(model, args)
-    # Classification heads take **kwargs but ignore num_items_in_batch and return a per-batch mean.
-    # If the Trainer believed otherwise it would multiply the loss (and the gradients) by the world
-    # size and skip dividing by the accumulation steps.
+    # Classification heads ignore num_items_in_batch and return a per-batch mean: else the Trainer would
+    # scale the loss by the world size and not divide it by the accumulation steps.
     #% if cookiecutter.include_lora
     lora.classifier_of(model).accepts_loss_kwargs = False  # the Trainer reads it inside peft's wrapper
     #% else
     model.accepts_loss_kwargs = False
     #% endif
-    # --gradient_checkpointing: the Trainer turns it on itself, in the non-reentrant form unless
-    # --gradient_checkpointing_kwargs says otherwise (the reentrant one sends no gradient through a layer
-    # whose inputs need none, as with frozen embeddings).
+    # --gradient_checkpointing: the Trainer turns it on itself, non-reentrant unless told otherwise.
     trainer = ClassificationTrainer(
         model=model,
         args=args,
