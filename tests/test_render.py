@@ -39,6 +39,7 @@ from conftest import (
     PROJECT_TEMPLATE,
     TEMPLATE_DIR,
     cookiecutter_json,
+    docs_text,
     error_lines,
     pre_gen,
     relative_files,
@@ -139,6 +140,11 @@ COMMON_FILES = {
     "configs/smoke_multilabel.yaml",
     "configs/smoke_pairs.yaml",
     "configs/smoke_regression.yaml",
+    "docs/decisions.md",
+    "docs/models-and-memory.md",
+    "docs/multi-node.md",
+    "docs/tasks-and-results.md",
+    "docs/troubleshooting.md",
     "pyproject.toml",
     "scripts/_common.sh",
     "scripts/train_multi_node.sh",
@@ -193,7 +199,8 @@ NATIVE_ONLY_FILES = {
     "tests/test_native_loop.py",
 }
 # With a tracker only; trackers.py is <name>_<loop>.py in the template, as PER_LOOP_FILES are.
-TRACKER_ONLY_FILES = {f"src/{PACKAGE}/tracking.py", f"src/{PACKAGE}/trackers.py", "tests/test_tracking.py"}
+TRACKER_ONLY_FILES = {f"src/{PACKAGE}/tracking.py", f"src/{PACKAGE}/trackers.py", "tests/test_tracking.py",
+                      "docs/experiment-tracking.md"}
 PER_LOOP_TRACKER_FILES = {f"src/{PACKAGE}/trackers.py"}
 SLURM_SCRIPT = "scripts/train_slurm.sbatch"
 # The script and its log folder (its tests under a real SLURM are the template's: tests/proofs/).
@@ -511,7 +518,7 @@ def test_configs_parse_and_default_yaml_holds_the_answers(rendered, combo):
     assert configs["local_files.yaml"] == local_files
 
 
-# Text only a README for another answer may hold: (answer, its value) -> strings.
+# Text only the README and docs/ of a render for another answer may hold: (answer, its value) -> strings.
 README_TEXT_ONLY_FOR = {
     ("include_slurm", True): ["SLURM", "sbatch", "srun"],
     ("training_loop", "trainer"): [
@@ -535,13 +542,13 @@ README_TEXT_ONLY_FOR = {
     ("include_doctor", True): ["Cluster checks: the doctor", "`doctor.py`", "the doctor's `backend` line"],
 }
 # Any tracker's; with none, no line names --report_to or a tracker module.
-TRACKER_SECTION_TEXT = ["## Experiment tracking", "tracking.py` takes your value", "`trackers.py`", "`--report_to`",
-                        "the trackers;"]
+TRACKER_SECTION_TEXT = ["# Experiment tracking", "tracking.py` takes your value", "`trackers.py`", "`--report_to`",
+                        "the trackers"]
 
 
 @pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS + TRACKER_RUNS))
-def test_readme_and_folders_hold_nothing_for_an_answer_not_chosen(rendered, combo):
-    readme = (rendered(combo) / "README.md").read_text(encoding="utf-8")
+def test_readme_docs_and_folders_hold_nothing_for_an_answer_not_chosen(rendered, combo):
+    readme = docs_text(rendered(combo))
     for (variable, value), strings in README_TEXT_ONLY_FOR.items():
         chosen = getattr(combo, variable) == value
         found = [text for text in strings if text in readme]
@@ -622,7 +629,7 @@ def test_lora_r_is_an_unknown_flag_without_lora_and_a_checked_one_with_it(render
 
 @pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS + TRACKER_RUNS))
 def test_the_doctor_is_named_only_where_it_was_chosen(rendered, combo):
-    # Its module and test, the launch scripts' help, the Trainer's flags' docstring and the README; nothing
+    # Its module and test, the launch scripts' help, the Trainer's flags' docstring, the README and docs; nothing
     # when not chosen (the recorded answers name include_doctor itself).
     project = rendered(combo)
     naming = {
@@ -631,7 +638,8 @@ def test_the_doctor_is_named_only_where_it_was_chosen(rendered, combo):
     }
     expected = set()
     if combo.include_doctor:
-        expected = DOCTOR_ONLY_FILES | {"README.md", "scripts/_common.sh", "scripts/train_single_node.sh",
+        expected = DOCTOR_ONLY_FILES | {"README.md", "docs/multi-node.md", "docs/troubleshooting.md",
+                                        "scripts/_common.sh", "scripts/train_single_node.sh",
                                         "scripts/train_multi_node.sh"}
         if combo.training_loop == "trainer":
             expected.add(f"src/{PACKAGE}/training_args.py")
@@ -1013,3 +1021,4 @@ def test_render_stays_lean(rendered, name):
         f"src/: {src} lines (cap {cap}), {long_lines} over 110 characters (cap {LONG_LINES_CAP[loop]})")
     assert tests <= TESTS_CAP[kind], f"tests/: {tests} lines, cap {TESTS_CAP[kind]}"
     assert shell <= SHELL_CAP, f"scripts/: {shell} lines of shell, cap {SHELL_CAP}"
+
