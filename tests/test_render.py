@@ -1022,3 +1022,56 @@ def test_render_stays_lean(rendered, name):
     assert tests <= TESTS_CAP[kind], f"tests/: {tests} lines, cap {TESTS_CAP[kind]}"
     assert shell <= SHELL_CAP, f"scripts/: {shell} lines of shell, cap {SHELL_CAP}"
 
+
+# --- What a user reads: README.md and docs/ -----------------------------------------------
+
+# The README is the first hour (install, smoke run, own data, launch, train.py, where things are, options,
+# tests); the rest is in docs/, one page per topic. Every render of this module, and the fullest of each loop.
+DOCS_RUNS = list(dict.fromkeys([*LEAN_RUNS.values(), *FILE_SET_RUNS, *TRACKER_RUNS]))
+README_LINES_CAP = 250
+LINK_RE = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings (outside code blocks)."""
+    anchors, in_code = set(), False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        in_code ^= line.startswith("```")
+        if not in_code and line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+@pytest.mark.parametrize("combo", combination_params(DOCS_RUNS))
+def test_readme_stays_short(rendered, combo):
+    lines = (rendered(combo) / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= README_LINES_CAP, f"README.md: {lines} lines, cap {README_LINES_CAP}: move detail to docs/"
+
+
+@pytest.mark.parametrize("combo", combination_params(DOCS_RUNS))
+def test_every_relative_link_in_readme_and_docs_reaches_a_file_and_heading_of_the_render(rendered, combo):
+    project = rendered(combo)
+    broken = []
+    for page in [project / "README.md", *sorted((project / "docs").glob("*.md"))]:
+        for target in LINK_RE.findall(page.read_text(encoding="utf-8")):
+            if "://" in target:
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.is_file() or not linked.is_relative_to(project.resolve()):
+                broken.append(f"{page.relative_to(project)}: {target}")
+            elif anchor and anchor not in heading_anchors(linked):
+                broken.append(f"{page.relative_to(project)}: {target} (no such heading)")
+    assert broken == []
+
+
+@pytest.mark.parametrize("combo", combination_params(DOCS_RUNS))
+def test_the_template_is_named_once_outside_the_section_on_updating_from_it(rendered, combo):
+    # Its tests and benchmarks prove more than the render's own: one sentence says so. Other pages state what
+    # holds without pointing at the template's files.
+    text = docs_text(rendered(combo))
+    start = text.index("## Updating from the template")
+    end = text.find("\n#", start + 1)
+    text = text[:start] + (text[end:] if end >= 0 else "")
+    assert len(re.findall(r"\btemplate\b", text, re.IGNORECASE)) == 1
