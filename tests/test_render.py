@@ -145,6 +145,7 @@ COMMON_FILES = {
     "docs/multi-node.md",
     "docs/tasks-and-results.md",
     "docs/troubleshooting.md",
+    "docs/upgrading.md",
     "pyproject.toml",
     "scripts/_common.sh",
     "scripts/train_multi_node.sh",
@@ -444,8 +445,8 @@ def requirement_names(requirements: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("combo", combination_params([*SUITE_RUNS, *TRACKER_RUNS]))
 def test_the_chosen_trackers_packages_are_dependencies_and_every_tracker_an_extra(rendered, combo):
-    # `make install` and the README's `pip install -e ".[dev]"` then bring the chosen one. With none, no tracker
-    # is a dependency or an extra.
+    # `make install` and the by-hand `pip install -e ".[dev]"` (docs/upgrading.md) then bring the chosen one.
+    # With none, no tracker is a dependency or an extra.
     pyproject = tomllib.loads((rendered(combo) / "pyproject.toml").read_text(encoding="utf-8"))
     project = pyproject["project"]
     every_tracker_package = {name for names in TRACKER_PACKAGES.values() for name in names}
