@@ -10,7 +10,7 @@ Steps, in order:
    other loop's is deleted; of the four ``parallel_<loop>_<ddp|fsdp>.py``, the one for the
    loop and include_fsdp becomes ``parallel.py``; and a file kept only for an answer
    (native-only modules, the sbatch script and its logs/ folder, the container and Kubernetes
-   files, the tracker's modules and test, LoRA's modules and test, the doctor and its test,
+   files, the tracker's modules, test and docs page, LoRA's modules and test, the doctor and its test,
    FSDP's tests) is deleted for any other, every version of it, with a folder it leaves
    empty. A file this step expects but cannot find is a template bug: refused. (Lines of
    shared files that only an answer needs are kept or dropped by Jinja, as ``#% if``
@@ -110,7 +110,12 @@ KEPT_ONLY_WHEN = {
         "logs/.gitkeep",
     ),
     ("include_kubernetes", True): ("Dockerfile", ".dockerignore", "k8s/trainjob.yaml"),
-    TRACKER_CHOSEN: ("src/{package}/tracking.py", "src/{package}/trackers.py", "tests/test_tracking.py"),
+    TRACKER_CHOSEN: (
+        "src/{package}/tracking.py",
+        "src/{package}/trackers.py",
+        "tests/test_tracking.py",
+        "docs/experiment-tracking.md",
+    ),
     ("include_lora", True): (
         "src/{package}/lora.py",
         "src/{package}/merge_lora.py",

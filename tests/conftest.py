@@ -45,6 +45,12 @@ def relative_files(root: Path) -> set[str]:
     return {path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file()}
 
 
+def docs_text(project: Path) -> str:
+    """What a render's user reads: its README.md and docs/*.md, one after the other."""
+    pages = [project / "README.md", *sorted((project / "docs").glob("*.md"))]
+    return "\n".join(page.read_text(encoding="utf-8") for page in pages)
+
+
 def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("ERROR:")]
 

@@ -39,6 +39,7 @@ from conftest import (
     PROJECT_TEMPLATE,
     TEMPLATE_DIR,
     cookiecutter_json,
+    docs_text,
     error_lines,
     pre_gen,
     relative_files,
@@ -139,6 +140,12 @@ COMMON_FILES = {
     "configs/smoke_multilabel.yaml",
     "configs/smoke_pairs.yaml",
     "configs/smoke_regression.yaml",
+    "docs/decisions.md",
+    "docs/models-and-memory.md",
+    "docs/multi-node.md",
+    "docs/tasks-and-results.md",
+    "docs/troubleshooting.md",
+    "docs/upgrading.md",
     "pyproject.toml",
     "scripts/_common.sh",
     "scripts/train_multi_node.sh",
@@ -193,7 +200,8 @@ NATIVE_ONLY_FILES = {
     "tests/test_native_loop.py",
 }
 # With a tracker only; trackers.py is <name>_<loop>.py in the template, as PER_LOOP_FILES are.
-TRACKER_ONLY_FILES = {f"src/{PACKAGE}/tracking.py", f"src/{PACKAGE}/trackers.py", "tests/test_tracking.py"}
+TRACKER_ONLY_FILES = {f"src/{PACKAGE}/tracking.py", f"src/{PACKAGE}/trackers.py", "tests/test_tracking.py",
+                      "docs/experiment-tracking.md"}
 PER_LOOP_TRACKER_FILES = {f"src/{PACKAGE}/trackers.py"}
 SLURM_SCRIPT = "scripts/train_slurm.sbatch"
 # The script and its log folder (its tests under a real SLURM are the template's: tests/proofs/).
@@ -437,8 +445,8 @@ def requirement_names(requirements: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("combo", combination_params([*SUITE_RUNS, *TRACKER_RUNS]))
 def test_the_chosen_trackers_packages_are_dependencies_and_every_tracker_an_extra(rendered, combo):
-    # `make install` and the README's `pip install -e ".[dev]"` then bring the chosen one. With none, no tracker
-    # is a dependency or an extra.
+    # `make install` and the by-hand `pip install -e ".[dev]"` (docs/upgrading.md) then bring the chosen one.
+    # With none, no tracker is a dependency or an extra.
     pyproject = tomllib.loads((rendered(combo) / "pyproject.toml").read_text(encoding="utf-8"))
     project = pyproject["project"]
     every_tracker_package = {name for names in TRACKER_PACKAGES.values() for name in names}
@@ -511,7 +519,7 @@ def test_configs_parse_and_default_yaml_holds_the_answers(rendered, combo):
     assert configs["local_files.yaml"] == local_files
 
 
-# Text only a README for another answer may hold: (answer, its value) -> strings.
+# Text only the README and docs/ of a render for another answer may hold: (answer, its value) -> strings.
 README_TEXT_ONLY_FOR = {
     ("include_slurm", True): ["SLURM", "sbatch", "srun"],
     ("training_loop", "trainer"): [
@@ -535,13 +543,13 @@ README_TEXT_ONLY_FOR = {
     ("include_doctor", True): ["Cluster checks: the doctor", "`doctor.py`", "the doctor's `backend` line"],
 }
 # Any tracker's; with none, no line names --report_to or a tracker module.
-TRACKER_SECTION_TEXT = ["## Experiment tracking", "tracking.py` takes your value", "`trackers.py`", "`--report_to`",
-                        "the trackers;"]
+TRACKER_SECTION_TEXT = ["# Experiment tracking", "tracking.py` takes your value", "`trackers.py`", "`--report_to`",
+                        "the trackers"]
 
 
 @pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS + TRACKER_RUNS))
-def test_readme_and_folders_hold_nothing_for_an_answer_not_chosen(rendered, combo):
-    readme = (rendered(combo) / "README.md").read_text(encoding="utf-8")
+def test_readme_docs_and_folders_hold_nothing_for_an_answer_not_chosen(rendered, combo):
+    readme = docs_text(rendered(combo))
     for (variable, value), strings in README_TEXT_ONLY_FOR.items():
         chosen = getattr(combo, variable) == value
         found = [text for text in strings if text in readme]
@@ -622,7 +630,7 @@ def test_lora_r_is_an_unknown_flag_without_lora_and_a_checked_one_with_it(render
 
 @pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS + TRACKER_RUNS))
 def test_the_doctor_is_named_only_where_it_was_chosen(rendered, combo):
-    # Its module and test, the launch scripts' help, the Trainer's flags' docstring and the README; nothing
+    # Its module and test, the launch scripts' help, the Trainer's flags' docstring, the README and docs; nothing
     # when not chosen (the recorded answers name include_doctor itself).
     project = rendered(combo)
     naming = {
@@ -631,7 +639,8 @@ def test_the_doctor_is_named_only_where_it_was_chosen(rendered, combo):
     }
     expected = set()
     if combo.include_doctor:
-        expected = DOCTOR_ONLY_FILES | {"README.md", "scripts/_common.sh", "scripts/train_single_node.sh",
+        expected = DOCTOR_ONLY_FILES | {"README.md", "docs/multi-node.md", "docs/troubleshooting.md",
+                                        "scripts/_common.sh", "scripts/train_single_node.sh",
                                         "scripts/train_multi_node.sh"}
         if combo.training_loop == "trainer":
             expected.add(f"src/{PACKAGE}/training_args.py")
@@ -1020,3 +1029,57 @@ def test_render_stays_lean(rendered, name):
         f"src/: {src} lines (cap {cap}), {long_lines} over 110 characters (cap {LONG_LINES_CAP[loop]})")
     assert tests <= TESTS_CAP[kind], f"tests/: {tests} lines, cap {TESTS_CAP[kind]}"
     assert shell <= SHELL_CAP, f"scripts/: {shell} lines of shell, cap {SHELL_CAP}"
+
+
+# --- What a user reads: README.md and docs/ -----------------------------------------------
+
+# The README is the first hour (install, smoke run, own data, launch, train.py, where things are, options,
+# tests); the rest is in docs/, one page per topic. Every render of this module, and the fullest of each loop.
+DOCS_RUNS = list(dict.fromkeys([*LEAN_RUNS.values(), *FILE_SET_RUNS, *TRACKER_RUNS]))
+README_LINES_CAP = 250
+LINK_RE = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings (outside code blocks)."""
+    anchors, in_code = set(), False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        in_code ^= line.startswith("```")
+        if not in_code and line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+@pytest.mark.parametrize("combo", combination_params(DOCS_RUNS))
+def test_readme_stays_short(rendered, combo):
+    lines = (rendered(combo) / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= README_LINES_CAP, f"README.md: {lines} lines, cap {README_LINES_CAP}: move detail to docs/"
+
+
+@pytest.mark.parametrize("combo", combination_params(DOCS_RUNS))
+def test_every_relative_link_in_readme_and_docs_reaches_a_file_and_heading_of_the_render(rendered, combo):
+    project = rendered(combo)
+    broken = []
+    for page in [project / "README.md", *sorted((project / "docs").glob("*.md"))]:
+        for target in LINK_RE.findall(page.read_text(encoding="utf-8")):
+            if "://" in target:
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.is_file() or not linked.is_relative_to(project.resolve()):
+                broken.append(f"{page.relative_to(project)}: {target}")
+            elif anchor and anchor not in heading_anchors(linked):
+                broken.append(f"{page.relative_to(project)}: {target} (no such heading)")
+    assert broken == []
+
+
+@pytest.mark.parametrize("combo", combination_params(DOCS_RUNS))
+def test_the_template_is_named_once_outside_the_section_on_updating_from_it(rendered, combo):
+    # Its tests and benchmarks prove more than the render's own: one sentence says so. Other pages state what
+    # holds without pointing at the template's files.
+    text = docs_text(rendered(combo))
+    start = text.index("## Updating from the template")
+    end = text.find("\n#", start + 1)
+    text = text[:start] + (text[end:] if end >= 0 else "")
+    assert len(re.findall(r"\btemplate\b", text, re.IGNORECASE)) == 1

@@ -1,6 +1,6 @@
 """Cluster checks: a job's ranks started as train starts them (MODULE=<package>.doctor in a launch script,
 with train's CONFIG and flags), and compared; nothing is trained. One PASS, WARN, FAIL or SKIP line per
-check (the README's table lists them); exit status 1 on a FAIL, 2 on a command line train refuses.
+check (docs/multi-node.md lists them); exit status 1 on a FAIL, 2 on a command line train refuses.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def start_backend(env: TorchrunEnv, settings: DeviceSettings, ddp_timeout: int) 
         seconds = statistics.median(timed_all_reduce(large, BANDWIDTH_ROUNDS + 1)[1:])  # the first warms up
     except Exception as err:  # any failure here is the finding: report it, with the rank that saw it
         return Result("FAIL", "backend", f"rank {env.rank}: the process group did not work "
-                                         f"({type(err).__name__}: {err}); see troubleshooting in README.md")
+                                         f"({type(err).__name__}: {err}); see docs/troubleshooting.md")
     size = large.numel() * 4
     # As nccl-tests report it: what each rank's link carries for a ring all_reduce, 2(n-1)/n of the data.
     bus_bandwidth = size / seconds * 2 * (env.world_size - 1) / env.world_size
