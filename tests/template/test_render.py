@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -85,20 +86,23 @@ class Combination(NamedTuple):
         return {**BASE_ANSWERS, **self._asdict()}
 
 
-# Kubernetes, the doctor and FSDP add files (FSDP: its version of parallel.py), LoRA files and a few lines at
-# their call sites: every file set of the yes/no answers in each loop, the four precisions (which only edit
-# YAML) taken in turn.
 PRECISIONS = ("auto", "bf16", "fp16", "no")
-SUPPORTED = [
-    Combination(loop, slurm, PRECISIONS[index % 4], kubernetes, include_lora=lora, include_doctor=doctor,
-                include_fsdp=fsdp)
-    for index, (loop, slurm, kubernetes, lora, doctor, fsdp) in enumerate(
-        itertools.product(["trainer", "native"], [True, False], [False, True], [False, True], [False, True],
-                          [False, True])
-    )
+# The answers with choices (a list, or yes/no), their values in cookiecutter.json's order.
+CHOICES = {
+    "training_loop": ["trainer", "native"], "include_slurm": [True, False], "mixed_precision": list(PRECISIONS),
+    "include_kubernetes": [False, True], "experiment_tracker": ["none", "tensorboard", "wandb", "mlflow"],
+    "include_lora": [False, True], "include_doctor": [False, True], "include_fsdp": [False, True],
+}
+# Every combination of the answers, the four precisions (which only edit YAML) taken in turn: each renders
+# the exact files it should, with no template text left, and passes ruff.
+EVERY_COMBINATION = [
+    Combination(loop, slurm, PRECISIONS[index % 4], kubernetes, tracker, lora, doctor, fsdp)
+    for index, (loop, slurm, kubernetes, tracker, lora, doctor, fsdp) in enumerate(itertools.product(
+        *(CHOICES[name] for name in Combination._fields if name != "mixed_precision")))
 ]
-# Every supported render is its own file set.
-FILE_SET_RUNS = SUPPORTED
+# Kubernetes, the doctor and FSDP add files (FSDP: its version of parallel.py), LoRA files and a few lines at
+# their call sites: every file set of the yes/no answers in each loop, without a tracker. Most tests read these.
+SUPPORTED = [combo for combo in EVERY_COMBINATION if combo.experiment_tracker == "none"]
 # One render per loop, each with the SLURM script, whose tests run it under a real SLURM (without it,
 # a render only lacks those files; precision only edits YAML), and with LoRA, the doctor and FSDP, which the
 # proofs train and run.
@@ -106,18 +110,34 @@ SUITE_RUNS = [
     Combination("trainer", True, "auto", include_lora=True, include_doctor=True, include_fsdp=True),
     Combination("native", True, "auto", include_lora=True, include_doctor=True, include_fsdp=True),
 ]
-# Each tracker but none (the default of every render above) in each loop, the other answers spread over them
-# so that, with SUITE_RUNS, every value of every choice is rendered in both loops. Each runs its own
-# `make test` (test_rendered_repo_passes_its_own_make_test): a tracker reaches the configs and the tests, and
-# without FSDP these are the renders whose parallel.py is DDP's alone.
-TRACKER_RUNS = [
-    Combination("trainer", False, "bf16", include_kubernetes=True, experiment_tracker="tensorboard"),
-    Combination("trainer", True, "fp16", experiment_tracker="wandb"),
-    Combination("trainer", False, "no", include_kubernetes=True, experiment_tracker="mlflow"),
-    Combination("native", False, "no", include_kubernetes=True, experiment_tracker="tensorboard"),
-    Combination("native", True, "bf16", experiment_tracker="wandb"),
-    Combination("native", False, "fp16", include_kubernetes=True, experiment_tracker="mlflow"),
-]
+
+def pairwise_cover(choices: dict[str, list]) -> list[dict]:
+    """Rows of answers in which every pair of values of any two answers meets at least once. Greedy: each
+    row starts from the first pair not met yet and gives every other answer the value that meets the most
+    pairs not met (the earlier value on a tie), so the rows are the same at every run."""
+    names = list(choices)
+    unmet = {((a, x), (b, y)) for a, b in itertools.combinations(names, 2) for x in choices[a] for y in choices[b]}
+    rows = []
+    while unmet:
+        (a, x), (b, y) = min(unmet, key=lambda pair: [(names.index(n), choices[n].index(v)) for n, v in pair])
+        row = {a: x, b: y}
+        for name in names:
+            if name not in row:
+                row[name] = max(choices[name], key=lambda value: sum(
+                    tuple(sorted([(other, row[other]), (name, value)], key=lambda nv: names.index(nv[0]))) in unmet
+                    for other in row))
+        rows.append(row)
+        unmet -= {((a, row[a]), (b, row[b])) for a, b in itertools.combinations(names, 2)}
+    return rows
+
+
+# A covering set of the answers: every pair of values of any two answers (a tracker and LoRA, fp16 and the
+# native loop, ...) together in at least one render, the answers with the most values first (16 renders: the
+# 4 x 4 of precision and tracker). Each runs its own `make test` (test_rendered_repo_passes_its_own_make_test).
+MOST_VALUES_FIRST = sorted(CHOICES, key=lambda name: -len(CHOICES[name]))  # a stable sort
+COVERING_RUNS = [Combination(**row) for row in pairwise_cover({name: CHOICES[name] for name in MOST_VALUES_FIRST})]
+# The renders most tests below read: every file set, and the covering set's others (its trackers).
+SUPPORTED_AND_COVERING = list(dict.fromkeys(SUPPORTED + COVERING_RUNS))
 
 
 def combination_params(combinations: list[Combination]) -> list:
@@ -287,33 +307,26 @@ def test_supported_combinations_cover_every_choice_product_and_file_set(default_
         assert pre_gen.find_first_problem(answers) is None, combo.id
 
 
-def test_tracker_runs_cover_every_tracker_and_the_others_take_none(default_answers):
-    trackers = cookiecutter_json()["experiment_tracker"]
-    assert trackers[0] == default_answers["experiment_tracker"] == "none"
-    assert {combo.experiment_tracker for combo in SUPPORTED} == {"none"}
-    for loop in cookiecutter_json()["training_loop"]:
-        assert [c.experiment_tracker for c in TRACKER_RUNS if c.training_loop == loop] == trackers[1:], loop
-    assert {combo.training_loop for combo in TRACKER_PROOF_RUNS} == set(cookiecutter_json()["training_loop"])
-    for combo in TRACKER_RUNS:
+def test_every_combination_and_a_covering_set_of_pairs_are_rendered(default_answers):
+    # CHOICES is cookiecutter.json's: every prompt with choices (a list, or yes/no), its values in order.
+    config = cookiecutter_json()
+    assert CHOICES == {name: [value, not value] if isinstance(value, bool) else value
+                       for name, value in config.items() if isinstance(value, bool | list) and not name.startswith("_")}
+    assert list(CHOICES) == list(Combination._fields)
+    every = {combo._replace(mixed_precision="auto") for combo in EVERY_COMBINATION}
+    assert len(every) == len(EVERY_COMBINATION) == math.prod(len(values) for values in CHOICES.values()) // 4
+    assert {combo.mixed_precision for combo in EVERY_COMBINATION} == set(PRECISIONS)
+    for a, b in itertools.combinations(CHOICES, 2):
+        met = {(getattr(combo, a), getattr(combo, b)) for combo in COVERING_RUNS}
+        assert met == set(itertools.product(CHOICES[a], CHOICES[b])), f"{a} x {b}: only {met}"
+    assert len(COVERING_RUNS) == len(CHOICES["mixed_precision"]) * len(CHOICES["experiment_tracker"])
+    assert COVERING_RUNS[0] == Combination(*(values[0] for values in CHOICES.values()))  # the default answers
+    assert {combo.training_loop for combo in TRACKER_PROOF_RUNS} == set(config["training_loop"])
+    for combo in EVERY_COMBINATION + COVERING_RUNS:
         assert pre_gen.find_first_problem(recorded_answers(combo, default_answers)) is None, combo.id
 
 
-def test_every_value_of_every_choice_runs_its_own_tests_in_both_loops():
-    # The renders whose own tests run in the template's CI: the suites (make test-all) and the tracker runs
-    # (make test). A prompt with choices (a list, or yes/no) is a field of Combination.
-    config = cookiecutter_json()
-    choices = {name: [True, False] if isinstance(value, bool) else value
-               for name, value in config.items() if isinstance(value, bool | list) and not name.startswith("_")}
-    assert set(choices) == set(Combination._fields)
-    del choices["training_loop"]
-    tested = SUITE_RUNS + TRACKER_RUNS
-    for loop in config["training_loop"]:
-        for name, values in choices.items():
-            seen = {getattr(combo, name) for combo in tested if combo.training_loop == loop}
-            assert seen == set(values), f"{loop}: {name} runs its tests with {seen}, not every one of {values}"
-
-
-@pytest.mark.parametrize("combo", combination_params(SUPPORTED + TRACKER_RUNS))
+@pytest.mark.parametrize("combo", combination_params(EVERY_COMBINATION))
 def test_render_has_exactly_the_expected_files(rendered, combo):
     project = rendered(combo)
     assert project.name == SLUG
@@ -324,7 +337,7 @@ def test_render_has_exactly_the_expected_files(rendered, combo):
     )
 
 
-@pytest.mark.parametrize("combo", combination_params(SUPPORTED + TRACKER_RUNS))
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED_AND_COVERING))
 def test_per_loop_files_are_the_chosen_loops_template_files(
     rendered, combo, default_answers
 ):
@@ -364,7 +377,7 @@ LEFTOVER_RE = re.compile(
 )
 
 
-@pytest.mark.parametrize("combo", combination_params(SUPPORTED + TRACKER_RUNS))
+@pytest.mark.parametrize("combo", combination_params(EVERY_COMBINATION))
 def test_no_unrendered_template_text(rendered, combo):
     project = rendered(combo)
     found = {}
@@ -393,7 +406,7 @@ def test_template_python_file_parses_before_rendering(name):
     ast.parse(source, filename=name)
 
 
-@pytest.mark.parametrize("combo", combination_params(SUPPORTED + TRACKER_RUNS))
+@pytest.mark.parametrize("combo", combination_params(EVERY_COMBINATION))
 def test_python_is_ruff_clean_with_the_projects_own_config(rendered, combo):
     project = rendered(combo)
     pyproject = tomllib.loads((project / "pyproject.toml").read_text(encoding="utf-8"))
@@ -443,7 +456,7 @@ def requirement_names(requirements: list[str]) -> list[str]:
     return [re.match(r"[A-Za-z0-9._-]+", requirement).group() for requirement in requirements]
 
 
-@pytest.mark.parametrize("combo", combination_params([*SUITE_RUNS, *TRACKER_RUNS]))
+@pytest.mark.parametrize("combo", combination_params([*SUITE_RUNS, *COVERING_RUNS]))
 def test_the_chosen_trackers_packages_are_dependencies_and_every_tracker_an_extra(rendered, combo):
     # `make install` and the by-hand `pip install -e ".[dev]"` (docs/upgrading.md) then bring the chosen one.
     # With none, no tracker is a dependency or an extra.
@@ -474,7 +487,7 @@ def third_party_imports(folder: Path) -> set[str]:
     return {DISTRIBUTION_OF.get(name, name) for name in names - set(sys.stdlib_module_names) - {PACKAGE}}
 
 
-@pytest.mark.parametrize("combo", combination_params([*SUITE_RUNS, *TRACKER_RUNS]))
+@pytest.mark.parametrize("combo", combination_params([*SUITE_RUNS, *COVERING_RUNS]))
 def test_the_dependencies_are_what_the_modules_import(rendered, combo):
     """And accelerate for the Trainer, which runs on it; the native loop never uses it (peft, for LoRA,
     brings it itself). The trackers' packages: the test above."""
@@ -486,7 +499,7 @@ def test_the_dependencies_are_what_the_modules_import(rendered, combo):
     assert dependencies == imported | ({"accelerate"} if combo.training_loop == "trainer" else set())
 
 
-@pytest.mark.parametrize("combo", combination_params(SUPPORTED + TRACKER_RUNS))
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED_AND_COVERING))
 def test_configs_parse_and_default_yaml_holds_the_answers(rendered, combo):
     project = rendered(combo)
     configs = {
@@ -547,7 +560,7 @@ TRACKER_SECTION_TEXT = ["# Experiment tracking", "tracking.py` takes your value"
                         "the trackers"]
 
 
-@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS + TRACKER_RUNS))
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED_AND_COVERING))
 def test_readme_docs_and_folders_hold_nothing_for_an_answer_not_chosen(rendered, combo):
     readme = docs_text(rendered(combo))
     for (variable, value), strings in README_TEXT_ONLY_FOR.items():
@@ -575,7 +588,7 @@ REPORT_TO_FILES = {
 }
 
 
-@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS))
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED))
 def test_without_a_tracker_no_line_of_code_tests_or_dependencies_names_one(rendered, combo):
     project = rendered(combo)
     found = []
@@ -628,7 +641,7 @@ def test_lora_r_is_an_unknown_flag_without_lora_and_a_checked_one_with_it(render
     assert (result.returncode, result.stderr) == (2, message)
 
 
-@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS + TRACKER_RUNS))
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED_AND_COVERING))
 def test_the_doctor_is_named_only_where_it_was_chosen(rendered, combo):
     # Its module and test, the launch scripts' help, the Trainer's flags' docstring, the README and docs; nothing
     # when not chosen (the recorded answers name include_doctor itself).
@@ -647,7 +660,7 @@ def test_the_doctor_is_named_only_where_it_was_chosen(rendered, combo):
     assert naming == expected
 
 
-@pytest.mark.parametrize("combo", combination_params(SUPPORTED + TRACKER_RUNS))
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED_AND_COVERING))
 def test_recorded_answers_are_the_answers_without_local_paths(
     rendered, combo, default_answers
 ):
@@ -657,7 +670,7 @@ def test_recorded_answers_are_the_answers_without_local_paths(
     assert str(project.parent) not in text and str(TEMPLATE_DIR) not in text
 
 
-@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS))
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED))
 def test_replaying_recorded_answers_reproduces_the_same_files(
     rendered, render, tmp_path, combo
 ):
@@ -936,7 +949,7 @@ def test_without_fsdp_its_flags_are_refused_in_one_error_line(rendered, loop):
         assert result.stderr == f"error: {expected}\n"
 
 
-@pytest.mark.parametrize("combo", combination_params([c for c in FILE_SET_RUNS if not c.include_fsdp]))
+@pytest.mark.parametrize("combo", combination_params([c for c in SUPPORTED if not c.include_fsdp]))
 def test_without_fsdp_no_file_holds_fsdp_code_or_text(rendered, combo):
     # But the Trainer's parallel.py, which refuses transformers' own --fsdp, and the recorded answers.
     project = rendered(combo)
@@ -951,13 +964,14 @@ def test_without_fsdp_no_file_holds_fsdp_code_or_text(rendered, combo):
 
 # The trackers' proofs train with each one, so they need a render with a tracker (whichever it is, its
 # --report_to takes all three): the first of each loop runs them beside its own tests but the slow ones.
-TRACKER_PROOF_RUNS = [next(c for c in TRACKER_RUNS if c.training_loop == loop) for loop in ("trainer", "native")]
+TRACKER_PROOF_RUNS = [next(c for c in COVERING_RUNS if c.training_loop == loop and c.experiment_tracker != "none")
+                      for loop in CHOICES["training_loop"]]
 
 
 @pytest.mark.rendered_suite
-@pytest.mark.parametrize("combo", combination_params(TRACKER_RUNS))
+@pytest.mark.parametrize("combo", combination_params(COVERING_RUNS))
 def test_rendered_repo_passes_its_own_make_test(rendered, combo, tmp_path):
-    # The test a user runs before each commit, on renders of the answers the suites do not take.
+    # The test a user runs before each commit, on each render of the covering set.
     project = Path(shutil.copytree(rendered(combo), tmp_path / SLUG))
     if combo not in TRACKER_PROOF_RUNS:
         run_make(project, "test", ["-q", "-p", "no:cacheprovider"], timeout=600)
@@ -969,7 +983,7 @@ def test_rendered_repo_passes_its_own_make_test(rendered, combo, tmp_path):
     run_make(project, "test-all", [*SUITE_ARGS, "-m", "'not slow or tracker'"], SUITE_TIMEOUT)
 
 
-@pytest.mark.parametrize("combo", combination_params(FILE_SET_RUNS + TRACKER_RUNS))
+@pytest.mark.parametrize("combo", combination_params(SUPPORTED_AND_COVERING))
 def test_every_function_and_class_the_package_defines_is_used_by_the_project(rendered, combo):
     # A render ships only what its loop runs: a top-level definition named nowhere else in the package,
     # the scripts, the configs or the manifests (tests do not count) is code the render does not use.
@@ -1034,8 +1048,8 @@ def test_render_stays_lean(rendered, name):
 # --- What a user reads: README.md and docs/ -----------------------------------------------
 
 # The README is the first hour (install, smoke run, own data, launch, train.py, where things are, options,
-# tests); the rest is in docs/, one page per topic. Every render of this module, and the fullest of each loop.
-DOCS_RUNS = list(dict.fromkeys([*LEAN_RUNS.values(), *FILE_SET_RUNS, *TRACKER_RUNS]))
+# tests); the rest is in docs/, one page per topic. Every combination of the answers, and the fullest of each loop.
+DOCS_RUNS = list(dict.fromkeys([*LEAN_RUNS.values(), *EVERY_COMBINATION]))
 README_LINES_CAP = 250
 LINK_RE = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
