@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import EVAL_SIZE, IS_NATIVE, PACKAGE, REPO_ROOT, SMOKE, TRAIN_SIZE, read_probe, smoke_flags
+from conftest import EVAL_SIZE, PACKAGE, REPO_ROOT, SMOKE, TRAIN_SIZE, read_probe, smoke_flags
 from warm_launch import run_python, torchrun
 
 pytestmark = pytest.mark.slow  # real launches
@@ -168,18 +168,3 @@ def test_ranks_that_chose_different_precisions_refuse_together(tmp_path: Path) -
     expected = ("error: the ranks chose different precisions (rank 0: bf16, rank 1: fp16), as on a cluster mixing "
                 "GPU types; pass --mixed_precision fp16 (or no) so that every rank trains alike")
     assert agree(tmp_path, "precision") == [expected, expected]
-
-
-@pytest.mark.skipif(IS_NATIVE, reason="the native loop resumes on another world size (test_native_resume.py)")
-def test_the_trainer_refuses_to_resume_a_checkpoint_of_another_world_size(first_run: dict, smoke_assets: Path,
-                                                                          tmp_path: Path) -> None:
-    """Upstream it would count the batches to skip in its own, smaller global batches: other examples."""
-    checkpoint = first_run["kept_checkpoint"]
-    result = run_single_process([*smoke_flags(smoke_assets, tmp_path), "--resume_from_checkpoint", str(checkpoint)])
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == (
-        f"error: checkpoint '{checkpoint}' was written by a run with a global batch of 32 (2 processes x "
-        "--per_device_train_batch_size 16 x --gradient_accumulation_steps 1), but this run has a global batch of 16 "
-        "(1 process x --per_device_train_batch_size 16 x --gradient_accumulation_steps 1). The Trainer resumes only "
-        "the same split (the native loop can resume on another world size): run with the checkpoint's settings, or "
-        "use a new --output_dir")

@@ -229,14 +229,19 @@ if IS_NATIVE and hasattr(package_module("parallel"), "shard_model"):  # rendered
         check_stopped_run(job, reference, "scontrol requeue", 2, STEPS)
 
 
+def resumed_steps(log: str) -> list[int]:
+    """The steps the log says the run resumed from (each loop's line)."""
+    resumed = r"resumed from \S+checkpoint-(\d+) at step" if IS_NATIVE else r"resuming from checkpoint \S+-(\d+)"
+    return [int(step) for step in re.findall(resumed, log)]
+
+
 def check_stopped_run(job: Job, reference: Path, how: str, nodes: int, steps: int) -> None:
     log = job.text()
     assert job.info["JobState"] == "COMPLETED" and job.info["Restarts"] == "1"
     assert attempts(log) == [1, 2]
     saved = [int(step) for step in re.findall(r"stopped by SIGTERM at step (\d+), saved in checkpoint-\1", log)]
     assert len(saved) == 1 and STEPS // EPOCHS <= saved[0] < steps, log[-3000:]
-    resumed = r"resumed from \S+checkpoint-(\d+) at step" if IS_NATIVE else r"resuming from checkpoint \S+-(\d+)"
-    assert [int(step) for step in re.findall(resumed, log)] == saved
+    assert resumed_steps(log) == saved
     # One line per node, and no traceback.
     line = f"torchrun: stopped by SIGTERM: all {2 // nodes} worker(s) here saved the step they reached"
     assert log.count(line) == nodes
@@ -292,7 +297,6 @@ def check_cut_to_one_node(job: Job) -> int:
     return saved[0]
 
 
-@pytest.mark.skipif(not IS_NATIVE, reason="the Trainer refuses another world size (test below)")
 def test_a_requeued_job_cut_to_one_node_resumes_there_and_keeps_the_global_batch_and_the_weights(
     cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path
 ) -> None:
@@ -311,27 +315,12 @@ def test_a_requeued_job_cut_to_one_node_resumes_there_and_keeps_the_global_batch
     # two terms add alike in either order, so WEIGHTS_ATOL holds (measured here: a difference of 0).
     assert re.findall(r"world size (\d+), device", log) == ["2", "1"]
     assert "resuming a run of 2 processes on 1: 2 accumulation steps keep its global batch of 32" in log
-    assert [int(step) for step in re.findall(r"resumed from \S+checkpoint-(\d+) at step", log)] == [saved]
+    assert resumed_steps(log) == [saved]
     assert "Traceback" not in log and "DataLoader worker" not in log, log[-3000:]
     assert json.loads((job.output_dir / "metrics.json").read_text())["train_steps"] == STEPS
     difference = assert_same_weights(job.output_dir, reference)
     print(f"cut to one node: saved step {saved} on world size 2, resumed at {saved} on world size 1, "
           f"max weight difference {difference:g}")
-
-
-@pytest.mark.skipif(IS_NATIVE, reason="the native loop resumes on another world size (test above)")
-def test_a_requeued_job_cut_to_one_node_starts_there_and_the_trainer_refuses_the_other_world_size(
-    cluster: SlurmCluster, smoke_assets: Path, tmp_path: Path
-) -> None:
-    job = run_cut_to_one_node(cluster, tmp_path, smoke_assets, "FAILED")
-    saved = check_cut_to_one_node(job)
-    log = job.text()
-    checkpoint = job.output_dir / f"checkpoint-{saved}"
-    assert (f"error: checkpoint '{checkpoint}' was written by a run with a global batch of 32 (2 processes x "
-            "--per_device_train_batch_size 16 x --gradient_accumulation_steps 1), but this run has a global batch of "
-            "16 (1 process x --per_device_train_batch_size 16 x --gradient_accumulation_steps 1)") in log, log[-3000:]
-    assert re.findall(r"world size (\d+), device", log) == ["2"], "the preflight let a worker start"
-    print(f"cut to one node: saved step {saved} on world size 2; the Trainer's preflight refused world size 1")
 
 
 def test_a_stop_before_the_training_starts_is_an_error_and_not_requeued(

@@ -8,7 +8,8 @@ rank 0 had finished writing it). Set in the environment:
 - FAULT_TRAIN_MODULE: the module it runs, e.g. text_classifier.train.
 - FAULT: unset, nothing is injected (a node of the run that stays well); `kill` SIGKILLs the rank;
   `raise` raises an exception in the step; `hold` stops the rank there until the file
-  FAULT_MARKER.release exists (the test then kills or signals the run from outside).
+  FAULT_MARKER.release exists or the rank gets SIGTERM (the test then kills, signals or joins the run
+  from outside).
 - FAULT_RANK, FAULT_OUTPUT_DIR: which rank (unset: each rank this launch starts), and the run's --output_dir.
 - FAULT_MARKER: a file path. The fault creates it first, with the time, the pid and the step, so it
   happens once: restarted workers run plain training.
@@ -60,8 +61,20 @@ def fault_after_checkpoint(optimizer, args, kwargs) -> None:
         raise InjectedFault(f"fault injected into rank {os.environ['RANK']}")
     elif FAULT == "hold":
         release, deadline = Path(f"{MARKER}.release"), time.monotonic() + HOLD_SECONDS
-        while not release.exists() and time.monotonic() < deadline:
+        terminated, handler = [], signal.getsignal(signal.SIGTERM)
+
+        def on_sigterm(signum, frame) -> None:  # the loop's own handler still runs: it saves the step
+            terminated.append(signum)
+            if callable(handler):
+                handler(signum, frame)
+            else:  # SIG_DFL or SIG_IGN: as without this handler
+                signal.signal(signum, handler)
+                os.kill(os.getpid(), signum)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        while not (release.exists() or terminated) and time.monotonic() < deadline:
             time.sleep(0.05)
+        signal.signal(signal.SIGTERM, handler)
 
 
 def optimizer_steps(optimizer) -> int:

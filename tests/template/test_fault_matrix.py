@@ -7,13 +7,18 @@ its first optimizer step after a complete checkpoint (epoch 1 of 2). The cases:
 
 - a worker SIGKILLed: the group restarts (MAX_RESTARTS=1) and ends with the undisturbed weights;
 - a node lost under c10d (NNODES=1:2, one process a node, the whole launcher of one node SIGKILLed): the
-  survivor re-forms the job alone and resumes with the same global batch (native loop), or refuses the
-  other world size in one line (Trainer);
+  survivor re-forms the job alone and resumes with the same global batch;
+- a node that joins under c10d (node 0 alone with NNODES=1:2 and 2 accumulation steps, node 1 started once
+  node 0 holds after its first checkpoint): torchrun stops node 0's worker, which saves the step it
+  reached, and re-forms the job with both nodes, which go on with 1 accumulation step;
+- a checkpoint of 2 processes resumed on 1, and one of 1 process (2 accumulation steps) resumed on 2: the
+  same global batch, split anew;
 - an exception in a step on one rank: every process ends, the run exits non-zero, the error shown once;
 - SIGTERM to every process of the run, as SLURM sends it: the ranks save, and the same command resumes to
   the undisturbed weights.
 
-In every case no process of the run is left when its launcher exits, and the rank that lost its peer ends
+Where the world size changes, the weights end within RESHAPED_RTOL of the undisturbed run's, in both
+loops. In every case no process of the run is left when its launcher exits, and the rank that lost its peer ends
 within FAULT_TO_EXIT_SECONDS. (Before loader workers ended on their parent's SIGTERM, such a rank joined
 its loader workers forever.) Each run's processes are found by a token in their environment, which
 every process under the launcher inherits.
@@ -25,6 +30,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -55,6 +61,8 @@ RESTART_ATOL = 1e-6
 # rounding): the relative bound of the render's own world-size test.
 RESHAPED_RTOL = 1e-5
 LAUNCH_TIMEOUT = 300
+# One process with the undisturbed run's global batch of 2 x 16.
+ACCUMULATE_2 = ("--gradient_accumulation_steps", "2")
 
 
 def run_pids(token: str) -> dict[int, str]:
@@ -143,10 +151,12 @@ class Project:
                 "--train_file", str(self.assets / "train.jsonl"),
                 "--validation_file", str(self.assets / "validation.jsonl"), "--output_dir", str(output_dir), *FLAGS]
 
-    def start(self, script: str, output_dir: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
+    def start(self, script: str, output_dir: Path, env: dict[str, str], log: Path,
+              extra: tuple[str, ...] = ()) -> subprocess.Popen:
         with log.open("w") as out:
-            return subprocess.Popen([str(self.root / "scripts" / script), *self.flags(output_dir)], cwd=self.root,
-                                    env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            return subprocess.Popen([str(self.root / "scripts" / script), *self.flags(output_dir), *extra],
+                                    cwd=self.root, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
 
     def fault_env(self, folder: Path, output_dir: Path, fault: str, rank: int | None, **extra: str) -> dict:
         env = dict(FAULT=fault, FAULT_MARKER=str(folder / "fault.json"), FAULT_OUTPUT_DIR=str(output_dir),
@@ -192,16 +202,17 @@ def wait_for_fault(folder: Path, processes: list[subprocess.Popen], tokens: list
     return fault
 
 
-def launch(project: Project, folder: Path, script: str, env: dict[str, str]) -> Run:
+def launch(project: Project, folder: Path, script: str, env: dict[str, str], extra: tuple[str, ...] = ()) -> Run:
     """One launcher on this host, run to its end."""
     token, output_dir, started = uuid.uuid4().hex, folder / "output", time.time()
     watch = Watch([token])
-    process = project.start(script, output_dir, project.env(token, **env), folder / "node0.log")
+    process = project.start(script, output_dir, project.env(token, **env), folder / "node0.log", extra)
     watch.launchers.add(process.pid)
     returncodes = wait([process], [token])
     watch.finish()
     fault = read_fault(folder)
     run = Run(returncodes, (folder / "node0.log").read_text(), output_dir, fault, run_pids(token))
+    run.seconds["launch_to_exit"] = time.time() - started
     if fault is not None and fault["time"] > started:  # not an earlier run's
         run.seconds["fault_to_exit"] = watch.workers_ended(fault["time"])
     return run
@@ -215,6 +226,24 @@ def largest_difference(expected: Path, actual: Path, relative: bool = False) -> 
         difference = (tensor - actual_weights[name]).abs().max()
         worst = max(worst, float(difference / tensor.abs().max() if relative else difference))
     return worst
+
+
+def assert_reshaped_weights(undisturbed: Run, run: Run) -> None:
+    """The run, on another world size for part of it, ends with the undisturbed run's weights."""
+    worst = largest_difference(undisturbed.output_dir / "model.safetensors", run.output_dir / "model.safetensors",
+                               relative=True)
+    assert worst <= RESHAPED_RTOL, f"largest relative weight difference {worst:.3g}"
+
+
+def wait_for_line(logs: list[Path], text: str, processes: list[subprocess.Popen], tokens: list[str]) -> float:
+    """When `text` first shows in one of the logs (polled every 0.1 s)."""
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    while not any(text in log.read_text() for log in logs if log.exists()):
+        if time.monotonic() > deadline or all(process.poll() is not None for process in processes):
+            kill_all(tokens)
+            pytest.fail(f"no log shows {text!r}: {[log.read_text()[-3000:] for log in logs]}")
+        time.sleep(0.1)
+    return time.time()
 
 
 def resumed_from(log: str) -> list[str]:
@@ -292,6 +321,53 @@ class FaultMatrix:
 
     @pytest.fixture(scope="class")
     @classmethod
+    def joined_node(cls, project: Project, tmp_path_factory: pytest.TempPathFactory) -> Run:
+        """Node 0 alone under c10d (NNODES=1:2): one process with 2 accumulation steps. Node 1 starts once node
+        0's rank holds at its first step after a checkpoint; the hold ends at the SIGTERM torchrun sends when it
+        re-forms the job around the waiting node."""
+        folder = tmp_path_factory.mktemp("joined_node")
+        output_dir, tokens, logs = folder / "output", [uuid.uuid4().hex, uuid.uuid4().hex], []
+        common = {"NNODES": "1:2", "NPROC_PER_NODE": "1", "MAX_RESTARTS": "1", "MASTER_ADDR": "127.0.0.1",
+                  "MASTER_PORT": str(free_port()), "RDZV_BACKEND": "c10d", "MODULE": "fault_inject"}
+        held = project.fault_env(folder, output_dir, "hold", rank=None)
+        watch, nodes = Watch(tokens), []
+        for rank in (0, 1):
+            if rank:
+                fault = wait_for_fault(folder, nodes, tokens)
+                joined_at = time.time()
+            logs.append(folder / f"node{rank}.log")
+            env = project.env(tokens[rank], NODE_RANK=str(rank), **{**common, **({} if rank else held)})
+            nodes.append(project.start("train_multi_node.sh", output_dir, env, logs[-1], ACCUMULATE_2))
+            watch.launchers.add(nodes[-1].pid)
+        resumed_at = wait_for_line(logs, "world size 2, device", nodes, tokens)
+        returncodes = wait(nodes, tokens)
+        watch.finish()
+        run = Run(returncodes, "".join(log.read_text() for log in logs), output_dir, fault,
+                  {**run_pids(tokens[0]), **run_pids(tokens[1])})
+        run.seconds["join_to_world_size_2"] = resumed_at - joined_at
+        return run
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def shrunk(cls, project: Project, undisturbed: Run, tmp_path_factory: pytest.TempPathFactory) -> Run:
+        """The undisturbed run's first checkpoint (2 processes) resumed by 1 process, as on fewer GPUs."""
+        folder, name = tmp_path_factory.mktemp("shrunk"), f"checkpoint-{STEPS_PER_EPOCH}"
+        shutil.copytree(undisturbed.output_dir / name, folder / "output" / name)
+        return launch(project, folder, "train_single_node.sh", {"NPROC_PER_NODE": "1"})
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def grown(cls, project: Project, tmp_path_factory: pytest.TempPathFactory) -> Run:
+        """A run of 1 process with 2 accumulation steps, its first checkpoint resumed on 2 processes by the same
+        command."""
+        alone = launch(project, tmp_path_factory.mktemp("alone"), "train_single_node.sh", {"NPROC_PER_NODE": "1"},
+                       ACCUMULATE_2)
+        folder, name = tmp_path_factory.mktemp("grown"), f"checkpoint-{STEPS_PER_EPOCH}"
+        shutil.copytree(alone.output_dir / name, folder / "output" / name)
+        return launch(project, folder, "train_single_node.sh", {"NPROC_PER_NODE": "2"}, ACCUMULATE_2)
+
+    @pytest.fixture(scope="class")
+    @classmethod
     def stopped(cls, project: Project, tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Run]:
         """SIGTERM to every process of the run (its loader workers too) while rank 1 holds mid-epoch, as
         SLURM signals a job step; then the same command again."""
@@ -337,6 +413,37 @@ class FaultMatrix:
             lost_node.log[-4000:]
         assert lost_node.seconds["fault_to_exit"] <= FAULT_TO_EXIT_SECONDS, lost_node.seconds
 
+    def test_the_survivor_of_a_lost_node_resumes_alone_with_the_same_global_batch(
+            self, lost_node: Run, undisturbed: Run) -> None:
+        assert lost_node.returncodes[0] == 0, lost_node.log[-4000:]
+        assert "resuming a run of 2 processes on 1: 2 accumulation steps keep its global batch of 32" \
+            in lost_node.log, lost_node.log[-4000:]
+        assert_reshaped_weights(undisturbed, lost_node)
+
+    # ---- a node joins ----------------------------------------------------------------------------
+
+    def test_a_node_that_joins_is_taken_in_and_the_job_ends_with_the_undisturbed_weights(
+            self, joined_node: Run, undisturbed: Run) -> None:
+        assert joined_node.fault is not None, "node 0 never held for the join: the test proves nothing"
+        assert joined_node.returncodes == [0, 0], joined_node.log[-4000:]
+        assert sorted(set(re.findall(r"world size (\d+), device", joined_node.log))) == ["1", "2"]
+        assert "resuming a run of 1 processes on 2: 1 accumulation steps keep its global batch of 32" \
+            in joined_node.log, joined_node.log[-4000:]
+        assert resumed_from(joined_node.log) == [f"checkpoint-{STEPS_PER_EPOCH + 1}"], joined_node.log[-4000:]
+        assert_reshaped_weights(undisturbed, joined_node)
+
+    # ---- another world size ----------------------------------------------------------------------
+
+    def test_a_checkpoint_resumes_on_fewer_and_on_more_processes_with_the_undisturbed_weights(
+            self, shrunk: Run, grown: Run, undisturbed: Run) -> None:
+        for run, processes in ((shrunk, (2, 1, 2)), (grown, (1, 2, 1))):
+            assert run.returncodes == [0], run.log[-4000:]
+            line = (f"resuming a run of {processes[0]} processes on {processes[1]}: {processes[2]} accumulation "
+                    "steps keep its global batch of 32")
+            assert line in run.log, run.log[-4000:]
+            assert resumed_from(run.log) == [f"checkpoint-{STEPS_PER_EPOCH}"], run.log[-4000:]
+            assert_reshaped_weights(undisturbed, run)
+
     # ---- an exception in a step ------------------------------------------------------------------
 
     def test_an_exception_in_a_step_ends_the_run_with_the_error_shown_once(self, raised: Run) -> None:
@@ -366,7 +473,7 @@ class FaultMatrix:
         figures = Path(os.environ.get("FAULT_MATRIX_FIGURES") or tmp_path_factory.getbasetemp() / "fault_matrix.jsonl")
         reference = undisturbed.output_dir / "model.safetensors"
         with figures.open("a") as out:
-            for case in ("killed_worker", "lost_node", "raised", "stopped"):
+            for case in ("killed_worker", "lost_node", "joined_node", "shrunk", "grown", "raised", "stopped"):
                 runs = request.getfixturevalue(case)
                 run = runs[-1] if isinstance(runs, tuple) else runs
                 seconds = (runs[0] if isinstance(runs, tuple) else run).seconds
@@ -380,7 +487,8 @@ class FaultMatrix:
 
     # ---- nothing left ----------------------------------------------------------------------------
 
-    @pytest.mark.parametrize("case", ["undisturbed", "killed_worker", "lost_node", "raised", "stopped"])
+    @pytest.mark.parametrize("case", ["undisturbed", "killed_worker", "lost_node", "joined_node", "shrunk", "grown",
+                                      "raised", "stopped"])
     def test_no_process_of_the_run_outlives_its_launcher(self, case: str, request: pytest.FixtureRequest) -> None:
         runs = request.getfixturevalue(case)
         for run in runs if isinstance(runs, tuple) else [runs]:
@@ -390,23 +498,9 @@ class FaultMatrix:
 class TestNativeLoop(FaultMatrix):
     loop = "native"
 
-    def test_the_survivor_of_a_lost_node_resumes_alone_with_the_same_global_batch(
-            self, lost_node: Run, undisturbed: Run) -> None:
-        assert lost_node.returncodes[0] == 0, lost_node.log[-4000:]
-        assert "resuming a run of 2 processes on 1: 2 accumulation steps keep its global batch of 32" \
-            in lost_node.log, lost_node.log[-4000:]
-        worst = largest_difference(undisturbed.output_dir / "model.safetensors",
-                                   lost_node.output_dir / "model.safetensors", relative=True)
-        assert worst <= RESHAPED_RTOL, f"largest relative weight difference {worst:.3g}"
-
 
 class TestTrainerLoop(FaultMatrix):
     loop = "trainer"
-
-    def test_the_survivor_of_a_lost_node_refuses_the_other_world_size_in_one_line(self, lost_node: Run) -> None:
-        assert lost_node.returncodes[0] != 0, lost_node.log[-4000:]
-        refusals = [line for line in lost_node.log.splitlines() if line.startswith("error: ")]
-        assert refusals and "The Trainer resumes only the same split" in refusals[0], lost_node.log[-4000:]
 
 
 def free_port() -> int:

@@ -6,9 +6,7 @@ compared with each other: disjoint, covering, length-grouped and the same from r
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 
 import pytest
 from conftest import package_module
@@ -16,7 +14,6 @@ from datasets import Dataset
 
 batching = package_module("batching")
 ConfigError = package_module("config").ConfigError
-BATCH_PLAN = package_module("config").BATCH_PLAN
 TrainingArguments = package_module("training_args").TrainingArguments
 DistributedLengthGroupedSampler = batching.DistributedLengthGroupedSampler
 
@@ -151,16 +148,3 @@ def test_each_step_holds_the_same_examples_however_the_global_batch_is_split(str
     steps = 79 // (2 * BATCH)
     assert [sorted(two_ranks[0][s * BATCH:(s + 1) * BATCH] + two_ranks[1][s * BATCH:(s + 1) * BATCH])
             for s in range(steps)] == [sorted(one_rank[s * 2 * BATCH:(s + 1) * 2 * BATCH]) for s in range(steps)]
-
-
-def test_a_checkpoint_of_two_processes_resumes_on_one_with_twice_the_accumulation(tmp_path: Path) -> None:
-    (tmp_path / BATCH_PLAN).write_text(json.dumps({
-        "global_batch_size": 16, "world_size": 2, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1,
-        "train_size": 256, "steps_per_epoch": 16}))
-    assert batching.resumed_accumulation_steps(tmp_path, args(per_device_train_batch_size=8), world_size=1) == 2
-    assert batching.resumed_accumulation_steps(tmp_path, args(per_device_train_batch_size=2), world_size=4) == 2
-    assert batching.resumed_accumulation_steps(tmp_path, args(gradient_accumulation_steps=3), world_size=2) == 3
-    refusal = (r"^the checkpoint's global batch of 16 \(2 processes x 8 x 1 accumulation steps\) cannot be made "
-               r"from --per_device_train_batch_size 3 on 1 processes")
-    with pytest.raises(ConfigError, match=refusal):
-        batching.resumed_accumulation_steps(tmp_path, args(per_device_train_batch_size=3), world_size=1)

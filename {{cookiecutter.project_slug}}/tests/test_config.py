@@ -160,3 +160,20 @@ def test_a_config_file_value_of_the_wrong_type_is_refused_by_name(tmp_path: Path
     config = write_yaml(tmp_path / "run.yaml", f"model_name_or_path: m\ntrain_file: t.jsonl\n{line}\n")
     with pytest.raises(ConfigError, match=message):
         parse_args([config])
+
+
+def test_a_checkpoint_resumes_on_another_world_size_with_its_global_batch(tmp_path: Path) -> None:
+    """Both loops: a job stopped on 2 processes comes back on 1 or 4 and accumulates to the same global batch."""
+    accumulation_to_resume, config = package_module("resume").accumulation_to_resume, package_module("config")
+    (tmp_path / config.BATCH_PLAN).write_text(json.dumps(config.batch_split(2, 8, 1)))
+    assert accumulation_to_resume(None, 8, 3, world_size=2) == 3  # a new run: the flag's
+    assert accumulation_to_resume(tmp_path, 8, 1, world_size=1) == 2
+    assert accumulation_to_resume(tmp_path, 2, 1, world_size=4) == 2
+    assert accumulation_to_resume(tmp_path, 4, 2, world_size=2) == 2  # the same global batch, split otherwise
+    refusal = (r"^the checkpoint's global batch of 16 \(2 processes x 8 x 1 accumulation steps\) cannot be made "
+               r"from --per_device_train_batch_size 3 on 1 processes")
+    with pytest.raises(ConfigError, match=refusal):
+        accumulation_to_resume(tmp_path, 3, 1, world_size=1)
+    with pytest.raises(ConfigError, match=r"was written by a run with a global batch of 16 .* but this run has a "
+                                          r"global batch of 48 "):
+        accumulation_to_resume(tmp_path, 8, 3, world_size=2)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +18,13 @@ import transformers
 from conftest import (
     EVAL_SIZE,
     IS_NATIVE,
+    PACKAGE,
     REPO_ROOT,
     SMOKE,
     TRAIN_SIZE,
     package_module,
     read_probe,
+    run_python,
     smoke_flags,
     torchrun,
 )
@@ -190,3 +193,21 @@ def test_length_sorted_shards_cover_every_row_once_and_gather_back_in_row_order(
     values = np.asarray([[float(i), -float(i)] for i in rows])
     (whole,) = distributed.gather_shards(rows, len(lengths), values)  # one process: its own rows only
     assert whole[rows].tolist() == values.tolist()
+
+
+def test_a_sigterm_asks_the_run_to_stop_while_it_trains_and_ends_it_at_once_after() -> None:
+    """Past its last step a worker has nothing to save: torchrun's SIGTERM (a node joining as the run ends)
+    must not wait the 30 s it gives a worker before SIGKILL."""
+    script = ("import os, signal, time\n"
+              f"from {PACKAGE}.distributed import cleanup_distributed\n"
+              f"from {PACKAGE}.stopping import StopRequest\n"
+              "request = StopRequest()\n"
+              "os.kill(os.getpid(), signal.SIGTERM)\n"
+              "print('asked to stop:', request.agreed(), flush=True)\n"
+              "cleanup_distributed()\n"
+              "os.kill(os.getpid(), signal.SIGTERM)\n"
+              "time.sleep(60)\n"
+              "print('still running', flush=True)\n")
+    result = run_python(["-c", script], timeout=30)
+    assert result.returncode == -signal.SIGTERM, result.stderr[-2000:]
+    assert result.stdout.splitlines() == ["asked to stop: True"]

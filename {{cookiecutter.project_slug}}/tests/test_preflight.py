@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import IS_NATIVE, PACKAGE, REPO_ROOT, finish, run_env, run_python, smoke_flags, start
+from conftest import PACKAGE, REPO_ROOT, finish, run_env, run_python, smoke_flags, start
 
 pytestmark = pytest.mark.slow  # real launches: `make test-all`
 
@@ -100,19 +100,15 @@ def test_a_checkpoint_in_output_dir_of_other_labels_or_a_split_this_launch_canno
     worker = run_python(["-m", f"{PACKAGE}.train", *flags, "--ignore_mismatched_sizes", "true"])  # PREFLIGHT=0
     assert worker.returncode == 2 and "labels ['bad', 'good', 'so-so']" in worker.stderr.strip().splitlines()[-1]
     # The same job on 2 processes, as after a requeue onto more nodes: batch 16 each cannot keep the global
-    # batch of 16. The native loop resumes it with batch 8 each; the Trainer only on the split that wrote it.
+    # batch of 16; batch 8 each can.
     result = preflight(smoke_flags(smoke_assets, output_dir))
     assert result.returncode == 2
-    refusal = ("error: the checkpoint's global batch of 16 (1 processes x 16 x 1 accumulation steps) cannot be made "
-               "from --per_device_train_batch_size 16 on 2 processes; pick a batch size that, times 2, divides 16"
-               if IS_NATIVE else
-               f"error: checkpoint '{checkpoint}' was written by a run with a global batch of 16 (1 process x "
-               "--per_device_train_batch_size 16 x --gradient_accumulation_steps 1), but this run has a global batch "
-               "of 32 (2 processes x --per_device_train_batch_size 16 x --gradient_accumulation_steps 1). The Trainer "
-               "resumes only the same split")
-    assert result.stderr.strip().splitlines()[-1].startswith(refusal), result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: the checkpoint's global batch of 16 (1 processes x 16 x 1 accumulation steps) cannot be made "
+        "from --per_device_train_batch_size 16 on 2 processes; pick a batch size that, times 2, divides 16")
     resumable = preflight([*smoke_flags(smoke_assets, output_dir), "--per_device_train_batch_size", "8"])
-    assert (resumable.returncode == 0) == IS_NATIVE, resumable.stderr[-2000:]
+    assert resumable.returncode == 0, resumable.stderr[-2000:]
+    assert "resuming a run of 1 processes on 2: 1 accumulation steps keep its global batch of 16" in resumable.stdout
 
 
 @pytest.mark.parametrize(("flags", "line"), [(["--text_column", "body"], "error: --text_column 'body' is not a column"),

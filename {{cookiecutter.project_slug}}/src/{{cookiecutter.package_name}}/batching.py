@@ -18,8 +18,9 @@ import torch
 from datasets import Dataset
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from .config import batch_split, check_batch_fits, read_batch_plan
+from .config import batch_split, check_batch_fits
 from .data import length_grouped_steps
+from .resume import accumulation_to_resume
 from .stopping import keep_through_sigterm
 from .training_args import TrainingArguments
 
@@ -147,19 +148,7 @@ class BatchPlan:
         """Saved in checkpoints. A resumed run must have the same global batch, train size and steps
         per epoch; how the global batch is split (processes x batch x accumulation) may differ."""
         split = batch_split(self.world_size, self.per_device_batch_size, self.accumulation_steps)
-        return {"global_batch_size": self.global_batch_size, "train_size": self.train_size,
-                "steps_per_epoch": self.steps_per_epoch} | split
-
-
-def resumed_accumulation_steps(checkpoint: Path | None, args: TrainingArguments, world_size: int) -> int:
-    """The accumulation steps of this run (args.accumulation_to_resume), said in the log when a checkpoint
-    of another world size makes them differ from the flag's."""
-    accumulation = args.accumulation_to_resume(checkpoint, world_size)
-    saved = read_batch_plan(checkpoint)
-    if saved is not None and saved["world_size"] != world_size:
-        logger.info("resuming a run of %d processes on %d: %d accumulation steps keep its global batch of %d",
-                    saved["world_size"], world_size, accumulation, saved["global_batch_size"])
-    return accumulation
+        return split | {"train_size": self.train_size, "steps_per_epoch": self.steps_per_epoch}
 
 
 def build_train_batches(
@@ -168,7 +157,8 @@ def build_train_batches(
 ) -> tuple[ResumableSampler, DataLoader, BatchPlan]:
     """This rank's train sampler and loader, and the batch plan they make (resuming `checkpoint`, if any)."""
     per_device = args.per_device_train_batch_size
-    accumulation = resumed_accumulation_steps(checkpoint, args, world_size)
+    accumulation = accumulation_to_resume(checkpoint, per_device, args.gradient_accumulation_steps,
+                                          world_size)
     check_batch_fits(len(train_set), world_size, per_device, accumulation)
     sampler = build_train_sampler(train_set, args, rank, world_size, accumulation)
     loader = build_loader(train_set, args, collator, per_device, on_gpu, sampler)

@@ -110,10 +110,8 @@ class Checkpointer:
         self.check_same_model(checkpoint, state, sharded["model"])
         # Only the split of the global batch may differ: its step in the epoch means nothing under another.
         check_same_batch_plan(checkpoint, read_batch_plan(checkpoint), self.batch_plan,
-                              same=("global_batch_size", "train_size", "steps_per_epoch"), advice=(
-                                  "Its place in the epoch only means something under its own batch plan: to "
-                                  "continue it, run again with its settings; to train with these, use a new "
-                                  "--output_dir (without --resume_from_checkpoint)."))
+                              same=("global_batch_size", "train_size", "steps_per_epoch"),
+                              advice=resume.OTHER_PLAN_ADVICE)
         with without_dcp_notices():
             dcp.load(sharded, checkpoint_id=checkpoint / SHARDED_STATE)  # this rank's shards
         set_state_dict(self.model, self.optimizer, model_state_dict=sharded["model"],

@@ -136,8 +136,9 @@ BATCH_PLAN = "batch_plan.json"  # in each checkpoint: how the run that wrote it 
 
 
 def batch_split(world_size: int, per_device_batch_size: int, accumulation_steps: int) -> dict[str, int]:
-    """How a run splits its global batch, as both loops record it in batch_plan.json."""
-    return {"world_size": world_size, "per_device_train_batch_size": per_device_batch_size,
+    """A run's global batch and how it splits it, as both loops record them in batch_plan.json."""
+    return {"global_batch_size": world_size * per_device_batch_size * accumulation_steps,
+            "world_size": world_size, "per_device_train_batch_size": per_device_batch_size,
             "gradient_accumulation_steps": accumulation_steps}
 
 

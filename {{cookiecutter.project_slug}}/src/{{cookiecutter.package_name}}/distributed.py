@@ -8,6 +8,7 @@ import gc
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -220,9 +221,11 @@ def some_of(names: list[str], shown: int = 6) -> str:
 
 
 def cleanup_distributed() -> None:
-    """Destroy the process group once nothing holds it. DDP's reference cycles keep it alive; freed at exit,
-    after the group, gloo's threads can abort ("terminate called without an active exception"). Callers
-    drop their DDP wrappers first; gc frees the cycles."""
+    """The run's last step. A SIGTERM ends the process at once from here: nothing is left to save, and
+    torchrun, re-forming the job around a node that joins, would otherwise wait 30 s for it. Then destroy
+    the process group once nothing holds it: DDP's reference cycles keep it alive, and freed at exit, after
+    the group, gloo's threads can abort. Callers drop their DDP wrappers first; gc frees the cycles."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

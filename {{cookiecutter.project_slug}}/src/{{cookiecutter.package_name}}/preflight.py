@@ -23,7 +23,7 @@ from .data import decide_task, load_raw_datasets
 from .device import training_device_settings
 from .distributed import exit_on_config_error, setup_logging
 from .modeling import check_labels_fit, check_model_settings, load_tokenizer
-from .resume import agree_on_resume_checkpoint
+from .resume import accumulation_to_resume, agree_on_resume_checkpoint
 from .training_args import CHECKPOINT_LAST_FILE, TrainingArguments
 
 logger = logging.getLogger(f"{__package__}.preflight")
@@ -55,10 +55,10 @@ def check(model_args: ModelArguments, data_args: DataArguments, args: TrainingAr
             #% if cookiecutter.include_lora
             lora.check_same_rank(checkpoint, model_args.lora_r)
             #% endif
-        # A checkpoint's batch split on this many processes: the Trainer's same split, or the native loop's
-        # same global batch (a requeued job that came back on fewer nodes).
-        check_batch_fits(len(raw["train"]), world_size, args.per_device_train_batch_size,
-                         args.accumulation_to_resume(checkpoint, world_size))
+        # A checkpoint's global batch on this many processes (a requeued job may come back on fewer nodes).
+        accumulation = accumulation_to_resume(checkpoint, args.per_device_train_batch_size,
+                                              args.gradient_accumulation_steps, world_size)
+        check_batch_fits(len(raw["train"]), world_size, args.per_device_train_batch_size, accumulation)
     device = "CPU" if settings.use_cpu else f"{torch.cuda.device_count()} GPU(s)"
     logger.info("preflight: %d train and %d eval examples, %s, labels %s, %d process(es) on %s, precision %s: "
                 "settings and data look right", len(raw["train"]), len(raw["validation"]), task.problem_type,

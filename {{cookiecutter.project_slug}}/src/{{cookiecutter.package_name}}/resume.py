@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
 import torch.distributed as dist
 
-from .config import ConfigError
+from .config import ConfigError, batch_split, check_same_batch_plan, read_batch_plan
 from .distributed import is_distributed
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
+# What to do with a checkpoint whose place in the epoch means nothing under this run's batch plan.
+OTHER_PLAN_ADVICE = ("To continue it, run again with its settings; to train with these, use a new "
+                     "--output_dir (without --resume_from_checkpoint).")
+logger = logging.getLogger(__name__)
 
 
 def complete_checkpoints(output_dir: str | Path, last_file: str) -> list[Path]:
@@ -60,3 +65,29 @@ def agree_on_resume_checkpoint(explicit: str | None, output_dir: str, last_file:
             f"({problems[int(failed[0])]}): with several nodes, --output_dir must be on a filesystem every node shares"
         )
     return checkpoint
+
+
+def accumulation_to_resume(checkpoint: Path | None, per_device_batch_size: int, accumulation_steps: int,
+                           world_size: int) -> int:
+    """Gradient accumulation that keeps the global batch of `checkpoint` (None: a new run) on world_size
+    processes. A job stopped on 8 GPUs often comes back on 4: accumulating twice as many micro-batches
+    keeps every optimizer step the same. A global batch these numbers cannot make, or another global
+    batch on the same world size, is refused."""
+    saved = read_batch_plan(checkpoint)
+    if saved is None:
+        return accumulation_steps
+    global_batch, processes = saved["global_batch_size"], saved["world_size"]
+    if processes != world_size:
+        if global_batch % (per_device_batch_size * world_size):
+            raise ConfigError(
+                f"the checkpoint's global batch of {global_batch} ({processes} processes x "
+                f"{saved['per_device_train_batch_size']} x {saved['gradient_accumulation_steps']} "
+                f"accumulation steps) cannot be made from --per_device_train_batch_size "
+                f"{per_device_batch_size} on {world_size} processes; pick a batch size that, times "
+                f"{world_size}, divides {global_batch}")
+        accumulation_steps = global_batch // (per_device_batch_size * world_size)
+        logger.info("resuming a run of %d processes on %d: %d accumulation steps keep its global batch of %d",
+                    processes, world_size, accumulation_steps, global_batch)
+    current = batch_split(world_size, per_device_batch_size, accumulation_steps)
+    check_same_batch_plan(checkpoint, saved, current, same=("global_batch_size",), advice=OTHER_PLAN_ADVICE)
+    return accumulation_steps

@@ -57,7 +57,7 @@ from .metrics import (
 from .modeling import check_labels_fit, load_model, load_tokenizer, parameter_counts
 from .parallel import check_parallel_setup, parallelize, whole_weights
 from .results import write_results
-from .resume import agree_on_resume_checkpoint
+from .resume import accumulation_to_resume, agree_on_resume_checkpoint
 from .stopping import StopRequest, keep_through_sigterm
 from .torchrun import STOPPED_EXIT_CODE, TorchrunEnv
 #% if cookiecutter.experiment_tracker != "none"
@@ -98,6 +98,10 @@ def prepare_run(args: TrainingArguments) -> None:
     configure_trackers(args.report_to, args.output_dir, args.process_index == 0)  # before the Trainer is built
     #% endif
     set_seed(args.seed)
+    if args.do_train:  # a checkpoint of another world size keeps its global batch: accumulation makes it up
+        args.gradient_accumulation_steps = accumulation_to_resume(
+            find_resume_checkpoint(args), args.per_device_train_batch_size, args.gradient_accumulation_steps,
+            args.world_size)
 
 
 def check_really_distributed(world_size_in_use: int) -> None:
@@ -302,7 +306,6 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
     if args.do_train:
         checkpoint = find_resume_checkpoint(args)
         if checkpoint is not None:
-            args.accumulation_to_resume(checkpoint, args.world_size)  # the same split, or refused
             # As the preflight does: a run may start without it (PREFLIGHT=0), or on another node's files.
             check_labels_fit(checkpoint, trainer.compute_metrics.task, "checkpoint", same_names=True)
             #% if cookiecutter.include_lora

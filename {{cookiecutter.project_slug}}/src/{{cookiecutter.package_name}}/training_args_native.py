@@ -10,12 +10,11 @@ help says why. tests/test_training_args.py checks the list.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 #% if cookiecutter.experiment_tracker != "none"
 from . import tracking
 #% endif
-from .config import ConfigError, check_training_settings, flag, read_batch_plan
+from .config import ConfigError, check_training_settings, flag
 from .distributed import default_dataloader_workers
 from .parallel import ParallelArguments
 
@@ -102,21 +101,3 @@ class TrainingArguments(ParallelArguments):
         #% endif
         check_training_settings(self)
         self.check_parallel_settings()
-
-    def accumulation_to_resume(self, checkpoint: Path | None, world_size: int) -> int:
-        """Gradient accumulation that keeps the global batch of `checkpoint` (None: a new run) on world_size
-        processes. A job stopped on 8 GPUs often comes back on 4: accumulating twice as many micro-batches
-        keeps every optimizer step the same. Where the numbers do not divide, the run is refused."""
-        saved = read_batch_plan(checkpoint)
-        if saved is None or saved["world_size"] == world_size:
-            return self.gradient_accumulation_steps
-        global_batch, per_device = saved["global_batch_size"], self.per_device_train_batch_size
-        if global_batch % (per_device * world_size):
-            raise ConfigError(
-                f"the checkpoint's global batch of {global_batch} ({saved['world_size']} processes x "
-                f"{saved['per_device_train_batch_size']} x {saved['gradient_accumulation_steps']} "
-                f"accumulation steps) cannot be made from --per_device_train_batch_size {per_device} on "
-                f"{world_size} processes; pick a batch size that, times {world_size}, divides {global_batch}"
-            )
-        return global_batch // (per_device * world_size)
-

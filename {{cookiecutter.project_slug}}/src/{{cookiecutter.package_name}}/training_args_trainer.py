@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import transformers
@@ -20,7 +19,7 @@ from transformers.integrations import get_reporting_integration_callbacks
 #% if cookiecutter.experiment_tracker != "none"
 from . import tracking
 #% endif
-from .config import ConfigError, batch_split, check_same_batch_plan, check_training_settings, read_batch_plan
+from .config import ConfigError, check_training_settings
 from .device import training_device_settings
 from .distributed import default_dataloader_workers
 from .parallel import ParallelArguments
@@ -96,19 +95,6 @@ class TrainingArguments(ParallelArguments, transformers.TrainingArguments):
         # The parent fills an attribute of this name from ACCELERATE_MIXED_PRECISION and hands it
         # to accelerate; keep it equal to what was resolved above.
         self.mixed_precision = self.device_settings.precision
-
-    def accumulation_to_resume(self, checkpoint: Path | None, world_size: int) -> int:
-        """The Trainer finds its place in a resumed epoch by counting its own batches: under another split it
-        would skip the wrong examples, and its schedule would count other steps. A checkpoint (None: a new run)
-        resumes only on the split that wrote it, which this refuses otherwise."""
-        current = batch_split(world_size, self.per_device_train_batch_size, self.gradient_accumulation_steps)
-        if checkpoint is not None:
-            check_same_batch_plan(checkpoint, read_batch_plan(checkpoint) or current, current,
-                                  same=("world_size", "per_device_train_batch_size", "gradient_accumulation_steps"),
-                                  advice="The Trainer resumes only the same split (the native loop can resume on "
-                                         "another world size): run with the checkpoint's settings, or use a new "
-                                         "--output_dir")
-        return self.gradient_accumulation_steps
 
     @property
     def device(self) -> torch.device | None:
