@@ -101,15 +101,17 @@ def test_eval_counts_every_example_exactly_once(first_run: dict, smoke_assets: P
     metrics = json.loads((output_dir / "metrics.json").read_text())
     assert metrics["eval_num_examples"] == EVAL_SIZE
 
-    # Recompute on one process from the saved model: same examples, so the same accuracy.
+    # Recompute on one process from the saved model: same examples, so the same accuracy and loss (2 ranks
+    # split 101 rows unevenly: a loss averaged over batches, repeats included, would differ).
     rows = [json.loads(line) for line in (smoke_assets / "validation.jsonl").read_text().splitlines()]
     tokenizer = AutoTokenizer.from_pretrained(output_dir)
     model = AutoModelForSequenceClassification.from_pretrained(output_dir).eval()
+    labels = torch.tensor([model.config.label2id[row["label"]] for row in rows])
     with torch.no_grad():
-        logits = model(**tokenizer([row["text"] for row in rows], padding=True, return_tensors="pt")).logits
-    labels = [model.config.label2id[row["label"]] for row in rows]
-    expected = classification_metrics(logits.argmax(-1).numpy(), torch.tensor(labels).numpy(), ["negative", "positive"])
+        output = model(**tokenizer([row["text"] for row in rows], padding=True, return_tensors="pt"), labels=labels)
+    expected = classification_metrics(output.logits.argmax(-1).numpy(), labels.numpy(), ["negative", "positive"])
     assert metrics["eval_accuracy"] == pytest.approx(expected["accuracy"], abs=1.01 / EVAL_SIZE)
+    assert metrics["eval_loss"] == pytest.approx(output.loss.item(), abs=1e-5)
 
 
 def test_metrics_json_holds_final_eval_and_throughput(first_run: dict) -> None:
