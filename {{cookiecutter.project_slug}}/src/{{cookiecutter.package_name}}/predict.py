@@ -33,7 +33,7 @@ from .config import (
     check_preprocessing_num_workers,
     parse_flags,
 )
-from .data import Task, build_collator, log_truncation, read_files, tokenize_datasets
+from .data import Task, build_collator, read_files, tokenize_datasets
 from .device import resolve_device_settings
 from .distributed import (
     cleanup_distributed,
@@ -121,13 +121,12 @@ def predict_file(model: PreTrainedModel, tokenizer, task: Task, input_file: str,
     process of the group calls it: rank 0 reads and tokenises first (in num_proc processes), the others
     then read its cache; each predicts its share and rank 0 gathers them."""
     with main_process_first():
-        rows = read_files({"input": input_file}, flag="--input_file")["input"]
-        for flag, column in (("text_column", task.text_column), ("text_pair_column", task.text_pair_column)):
+        rows = read_files({"input": input_file})["input"]
+        for name, column in (("text_column", task.text_column), ("text_pair_column", task.text_pair_column)):
             if column is not None and column not in rows.column_names:
-                raise ConfigError(f"--{flag} {column!r} is not a column of {input_file}; columns are: "
+                raise ConfigError(f"--{name} {column!r} is not a column of {input_file}; columns are: "
                                   f"{', '.join(rows.column_names)}")
         tokenized = tokenize_datasets(DatasetDict(input=rows), tokenizer, task, num_proc=num_proc)
-    log_truncation(tokenized, task.max_seq_length)
     batches = partial(DataLoader, batch_size=batch_size,
                       collate_fn=build_collator(tokenizer, mixed_precision=precision != "no"))
     outputs = sharded_forward(model, tokenized["input"], batches, device, precision)
