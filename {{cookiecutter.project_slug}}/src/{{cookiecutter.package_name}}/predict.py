@@ -29,7 +29,6 @@ from .config import (
     DATA_SUFFIXES,
     ConfigError,
     ModelArguments,
-    check_local_path,
     check_preprocessing_num_workers,
     parse_flags,
 )
@@ -44,7 +43,7 @@ from .distributed import (
     start_distributed,
 )
 from .metrics import predict_from_logits
-from .modeling import LOAD_OPTIONS, load_tokenizer
+from .modeling import LOAD_OPTIONS, from_pretrained, load_tokenizer
 from .torchrun import TorchrunEnv
 
 logger = logging.getLogger(f"{__package__}.predict")
@@ -96,18 +95,13 @@ def main(argv: list[str] | None = None) -> None:
 
 def load_trained_model(path: str, device: torch.device) -> tuple[PreTrainedModel, object, Task]:
     """A trained model, its tokenizer and task."""
-    check_local_path(path)
     #% if cookiecutter.include_lora
     lora.refuse_adapter_without_base(path)  # a LoRA run's output_dir loads whole, its checkpoint-N does not
     #% endif
     if Path(path, "model_and_optimizer").is_dir():  # the native loop's checkpoint-N (checkpoint.py)
         raise ConfigError(f"--model_name_or_path {path!r} is a checkpoint to resume from, its weights sharded in "
                           "model_and_optimizer/: predict from the run's output_dir, which holds the final model")
-    try:
-        model = AutoModelForSequenceClassification.from_pretrained(path, **LOAD_OPTIONS)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"--model_name_or_path {path!r} could not be loaded ({type(err).__name__}): pass a "
-                          "run's output_dir, or another save_pretrained folder") from None
+    model = from_pretrained(AutoModelForSequenceClassification, path, **LOAD_OPTIONS)
     tokenizer = load_tokenizer(ModelArguments(model_name_or_path=path))
     task = Task.from_config(model.config)  # a model trained elsewhere has none: the defaults, within its limit
     task = replace(task, max_seq_length=min(task.max_seq_length, tokenizer.model_max_length))
