@@ -6,7 +6,6 @@ The model's config.json holds its data.Task (problem type, labels, text column(s
 predicting on the eval file tokenises exactly as the eval did. Under torchrun (or a launch script with
 MODULE=<package>.predict) each rank predicts every world_size-th row of the length-sorted input; rank 0
 writes each input row once, in input order, its columns followed by the prediction columns.
-`--do_predict` with `--test_file` runs the same after training, into output_dir/predictions.<suffix>.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from .config import (
     ConfigError,
     ModelArguments,
     check_preprocessing_num_workers,
+    flag,
     parse_flags,
 )
 from .data import Task, build_collator, read_files, tokenize_datasets
@@ -54,16 +54,14 @@ class PredictArguments:
     model_name_or_path: str = field(metadata={"help": "A run's output_dir, or any save_pretrained folder."})
     input_file: str = field(metadata={"help": "csv, json, jsonl or parquet rows to predict."})
     output_file: str = field(metadata={"help": "Where to write them, with predictions (csv/json/jsonl/parquet)."})
-    text_column: str | None = field(default=None, metadata={"help": "Default: the model's training column."})
-    text_pair_column: str | None = field(default=None, metadata={"help": "Default: the model's, if any."})
-    multi_label_threshold: float | None = field(default=None, metadata={"help": "Default: the model's."})
-    batch_size: int = field(default=64, metadata={"help": "Rows per process per batch."})
-    use_cpu: bool = field(default=False, metadata={"help": "Predict on CPU even with a GPU."})
-    mixed_precision: str = field(default="auto", metadata={"help": "As for training.",
-                                                           "choices": ["auto", "bf16", "fp16", "no"]})
-    ddp_timeout: int = field(default=1800, metadata={"help": "Seconds before a stuck collective fails."})
-    preprocessing_num_workers: int | None = field(
-        default=None, metadata={"help": "Processes for tokenising, as for training."})
+    text_column: str | None = flag(None, "Default: the model's training column.")
+    text_pair_column: str | None = flag(None, "Default: the model's, if any.")
+    multi_label_threshold: float | None = flag(None, "Default: the model's.")
+    batch_size: int = flag(64, "Rows per process per batch.")
+    use_cpu: bool = flag(False, "Predict on CPU even with a GPU.")
+    mixed_precision: str = flag("auto", "As for training.", ["auto", "bf16", "fp16", "no"])
+    ddp_timeout: int = flag(1800, "Seconds before a stuck collective fails.")
+    preprocessing_num_workers: int | None = flag(None, "Processes for tokenising, as for training.")
 
     def __post_init__(self) -> None:
         for name in ("input_file", "output_file"):
@@ -159,7 +157,7 @@ def write_rows(rows: Dataset, columns: dict[str, list], output_file: str) -> Pat
     if path.suffix == ".parquet":
         rows.to_parquet(path)
     elif path.suffix == ".csv":
-        rows.to_csv(path, index=False)
+        rows.to_csv(path)
     else:  # .jsonl: one object per line; .json: one array
         # One batch: datasets writes an array (lines=False) only when the whole of it fits in one.
         rows.to_json(path, lines=path.suffix == ".jsonl", batch_size=max(len(rows), 1), force_ascii=False)
