@@ -19,17 +19,17 @@ from .distributed import main_process_first
 from .torchrun import TorchrunEnv
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels")
-TASK_CONFIG_KEY = "classification_inputs"  # the model's config.json records the Task's inputs under this
+TASK_CONFIG_KEY = "classification_inputs"  # the Task's inputs, in the model's config.json
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Task:
-    """What the model learns and which columns it reads. The model's config records it (as_config),
-    so that a saved model predicts on its own: predict.py reads it back with from_config."""
+    """What the model learns and which columns it reads. The model's config records it (as_config), so
+    that a saved model predicts on its own (predict.py reads it back: from_config)."""
 
-    problem_type: str  # single_label_classification, multi_label_classification or regression
+    problem_type: str  # one of config.PROBLEM_TYPES, not auto
     label_names: list[str]  # in id order; empty for regression
     text_column: str = "text"
     text_pair_column: str | None = None
@@ -66,7 +66,7 @@ class ClassificationData:
 
 def load_data(data_args: DataArguments, tokenizer: PreTrainedTokenizerBase, cache_dir: str | None,
               seed: int) -> ClassificationData:
-    """Load, decide the task, tokenise. Rank 0 goes first; the others then read its cache."""
+    """Rank 0 loads, decides the task and tokenises first; the others then read its cache."""
     with main_process_first():
         raw = load_raw_datasets(data_args, cache_dir, seed=seed)
         task = decide_task(raw, data_args, tokenizer.model_max_length)
@@ -75,7 +75,6 @@ def load_data(data_args: DataArguments, tokenizer: PreTrainedTokenizerBase, cach
     logger.info("data from %s: %s; %s, labels %s", data_args.train_file or data_args.dataset_name,
                 ", ".join(f"{len(split)} {name} examples" for name, split in tokenized.items()),
                 task.problem_type, task.label_names or "none (one value per example)")
-    log_truncation(tokenized, task.max_seq_length)
     warn_of_unknown_tokens(tokenized["train"], tokenizer)
     return ClassificationData(task, tokenized["train"], tokenized["validation"])
 
@@ -83,10 +82,7 @@ def load_data(data_args: DataArguments, tokenizer: PreTrainedTokenizerBase, cach
 def load_raw_datasets(data_args: DataArguments, cache_dir: str | None = None, seed: int = 42) -> DatasetDict:
     """The "train" and "validation" splits (and "test" with --test_file), from local files or the Hub."""
     if data_args.train_file is not None:
-        files = {"train": data_args.train_file}
-        if data_args.validation_file is not None:
-            files["validation"] = data_args.validation_file
-        raw = read_files(files, cache_dir)
+        raw = read_files({"train": data_args.train_file, "validation": data_args.validation_file}, cache_dir)
     else:
         try:
             raw = datasets.load_dataset(data_args.dataset_name, data_args.dataset_config_name,
@@ -119,12 +115,13 @@ def load_raw_datasets(data_args: DataArguments, cache_dir: str | None = None, se
     return raw
 
 
-def read_files(files: dict[str, str], cache_dir: str | None = None, flag: str | None = None) -> DatasetDict:
-    """Local csv/json/jsonl/parquet files, one per split; the first file's suffix picks the reader.
-    A missing file is named by its flag: --<split>_file, or `flag`."""
+def read_files(files: dict[str, str | None], cache_dir: str | None = None) -> DatasetDict:
+    """Local csv/json/jsonl/parquet files by split (None: no file); the first file's suffix picks the reader.
+    A missing file is named by its flag, --<split>_file."""
+    files = {split: path for split, path in files.items() if path is not None}
     for split, path in files.items():
         if not Path(path).is_file():
-            raise ConfigError(f"{flag or f'--{split}_file'} {path!r} not found")
+            raise ConfigError(f"--{split}_file {path!r} not found")
     builder = FILE_BUILDERS[Path(next(iter(files.values()))).suffix]
     try:
         return datasets.load_dataset(builder, data_files=files, cache_dir=cache_dir)
@@ -191,30 +188,35 @@ def label_names(raw: DatasetDict, label_column: str, problem_type: str = "single
 
 def tokenize_datasets(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, task: Task,
                       num_proc: int | None = None) -> DatasetDict:
-    """Tokenise (pairs as pairs), encode labels for the task, record each example's length.
+    """Tokenise (pairs as pairs), encode labels for the task, record each example's length, log the truncated.
 
     num_proc > 1 tokenises in that many processes, each a contiguous shard: the same rows in the same
     order and the same fingerprint as in one (datasets leaves num_proc out of it)."""
     num_proc = num_proc if num_proc is not None and num_proc > 1 else None  # datasets would fork one for 1
     feature = next(iter(raw.values())).features.get(task.label_column)
     class_ids = isinstance(feature.feature if is_list(feature) else feature, ClassLabel)  # ids already
-    return DatasetDict({
+    tokenized = DatasetDict({
         split: dataset.map(partial(encode, tokenizer=tokenizer, task=task, split=split, class_ids=class_ids),
                            batched=True, with_indices=True, num_proc=num_proc,
                            remove_columns=dataset.column_names, desc=f"Tokenizing {split}")
         for split, dataset in raw.items()
     })
+    for split, dataset in tokenized.items():
+        if count := sum(dataset["truncated"]):
+            logger.info("%s: %d of %d inputs were longer than max_seq_length %d and were truncated",
+                        split, count, len(dataset), task.max_seq_length)
+    return tokenized
 
 
 def encode(batch: dict, indices: list[int], tokenizer: PreTrainedTokenizerBase, task: Task, split: str,
-           class_ids: bool = False) -> dict:
+           class_ids: bool) -> dict:
     texts = batch[task.text_column]
     pairs = batch[task.text_pair_column] if task.text_pair_column else None
     for column, values in ((task.text_column, texts), (task.text_pair_column, pairs or [])):
         for index, value in zip(indices, values, strict=False):
             if value is None or not str(value).strip():
                 raise ConfigError(f"row {index} of the {split} data (0-based) has no text in column {column!r}")
-    # A pair is truncated longest-first, the tokenizer's default: the longer text loses tokens first.
+    # Longest-first, the tokenizer's default: of a pair, the longer text loses tokens first.
     encoded = tokenizer(texts, pairs, truncation=True, max_length=task.max_seq_length)
     # The length-grouped samplers read this column instead of re-measuring every example.
     encoded["length"] = [len(ids) for ids in encoded["input_ids"]]
@@ -230,26 +232,16 @@ def encode(batch: dict, indices: list[int], tokenizer: PreTrainedTokenizerBase, 
     return encoded
 
 
-def encode_labels(values: list, task: Task, class_ids: bool = False) -> list:
+def encode_labels(values: list, task: Task, class_ids: bool) -> list:
     """Class ids; floats for regression; multi-hot float rows for multi-label. With class_ids the
     values are a ClassLabel's ids already, else label names."""
     if task.problem_type == "regression":
         return [float(value) for value in values]
+    if task.problem_type == "multi_label_classification":  # label_sets gives ids as strings
+        keys = [str(i) for i in range(task.num_labels)] if class_ids else task.label_names
+        return [[float(key in labels) for key in keys] for labels in label_sets(values, task.label_delimiter)]
     ids = {name: i for i, name in enumerate(task.label_names)}
-    if task.problem_type == "multi_label_classification":
-        rows = [[0.0] * len(ids) for _ in values]
-        for row, labels in zip(rows, label_sets(values, task.label_delimiter), strict=True):
-            for label in labels:
-                row[int(label) if class_ids else ids[label]] = 1.0
-        return rows
     return list(values) if class_ids else [ids[str(value)] for value in values]
-
-
-def log_truncation(tokenized: DatasetDict, max_seq_length: int) -> None:
-    for split, dataset in tokenized.items():
-        if count := sum(dataset["truncated"]):
-            logger.info("%s: %d of %d inputs were longer than max_seq_length %d and were truncated",
-                        split, count, len(dataset), max_seq_length)
 
 
 def warn_of_unknown_tokens(train: Dataset, tokenizer: PreTrainedTokenizerBase) -> float:

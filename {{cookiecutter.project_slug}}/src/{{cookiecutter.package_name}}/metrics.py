@@ -10,6 +10,7 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
+from scipy.special import expit, softmax
 from tqdm.auto import tqdm
 
 
@@ -23,10 +24,9 @@ def predict_from_logits(logits: np.ndarray, problem_type: str,
         values = logits.reshape(len(logits), -1)[:, 0]
         return values, values
     if problem_type == "multi_label_classification":
-        probabilities = 1 / (1 + np.exp(-logits))
+        probabilities = expit(logits)
         return (probabilities > threshold).astype(np.int64), probabilities
-    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    probabilities = shifted / shifted.sum(axis=-1, keepdims=True)
+    probabilities = softmax(logits, axis=-1)
     return probabilities.argmax(axis=-1), probabilities.max(axis=-1)
 
 
@@ -55,53 +55,41 @@ def regression_metrics(predictions: np.ndarray, labels: np.ndarray) -> dict:
     }
 
 
-def per_class_figures(label_names: Sequence[str], hits: np.ndarray, predicted: np.ndarray,
-                      actual: np.ndarray) -> tuple[dict, float]:
-    """Each class's precision, recall, F1 and support from its counts, and the macro-F1 over the classes
-    that were predicted or present (a class absent from both does not count)."""
-    with np.errstate(divide="ignore", invalid="ignore"):  # 0 / 0 where a class has no count: then 0
-        figures = np.nan_to_num([hits / predicted, hits / actual, 2 * hits / (predicted + actual)])
-    per_class = {name: {"precision": float(p), "recall": float(r), "f1": float(f), "support": int(n)}
-                 for name, p, r, f, n in zip(label_names, *figures, actual, strict=True)}
-    counted = predicted + actual > 0
-    return per_class, float(figures[2][counted].mean()) if counted.any() else 0.0
-
-
 def multi_label_metrics(predictions: np.ndarray, labels: np.ndarray, label_names: Sequence[str]) -> dict:
-    """Micro- and macro-F1, subset accuracy (every label of an example right) and per-label figures."""
+    """Micro- and macro-F1 (over the labels predicted or present), subset accuracy (every label of an
+    example right) and per-label figures."""
     predictions = np.asarray(predictions).reshape(-1, len(label_names)).astype(bool)
     labels = np.asarray(labels).reshape(-1, len(label_names)).astype(bool)
     hits, predicted, actual = (predictions & labels).sum(axis=0), predictions.sum(axis=0), labels.sum(axis=0)
-    per_class, f1_macro = per_class_figures(label_names, hits, predicted, actual)
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0 / 0 where a label has no count: then 0
+        figures = np.nan_to_num([hits / predicted, hits / actual, 2 * hits / (predicted + actual)])
+    counted = predicted + actual > 0
     total = predicted.sum() + actual.sum()
     return {
         "subset_accuracy": float((predictions == labels).all(axis=1).mean()) if len(labels) else 0.0,
         "f1_micro": float(2 * hits.sum() / total) if total else 0.0,
-        "f1_macro": f1_macro,
+        "f1_macro": float(figures[2][counted].mean()) if counted.any() else 0.0,
         "num_examples": len(labels),
-        "per_class": per_class,
+        "per_class": {name: {"precision": float(p), "recall": float(r), "f1": float(f), "support": int(n)}
+                      for name, p, r, f, n in zip(label_names, *figures, actual, strict=True)},
     }
 
 
 def classification_metrics(predictions: np.ndarray, labels: np.ndarray, label_names: Sequence[str]) -> dict:
-    """Accuracy, macro-F1, per-class figures and the confusion matrix: a row per true label and a column
-    per predicted label, in id order."""
-    predictions, labels = np.asarray(predictions).reshape(-1), np.asarray(labels).reshape(-1)
-    confusion = np.zeros((len(label_names), len(label_names)), dtype=np.int64)
-    np.add.at(confusion, (labels, predictions), 1)
-    per_class, f1_macro = per_class_figures(label_names, np.diag(confusion), confusion.sum(axis=0),
-                                            confusion.sum(axis=1))
+    """Accuracy, macro-F1 and per-class figures (those of one-hot label rows) and the confusion matrix: a row
+    per true label, a column per predicted label."""
+    one_hot = np.eye(len(label_names), dtype=np.int64)
+    predicted, actual = (one_hot[np.asarray(ids).reshape(-1)] for ids in (predictions, labels))
+    figures = multi_label_metrics(predicted, actual, label_names)
     return {
-        "accuracy": float(np.trace(confusion) / labels.size) if labels.size else 0.0,
-        "f1_macro": f1_macro,
-        "num_examples": int(labels.size),
-        "per_class": per_class,
-        "confusion_matrix": confusion.tolist(),
+        "accuracy": figures["subset_accuracy"],
+        **{key: figures[key] for key in ("f1_macro", "num_examples", "per_class")},
+        "confusion_matrix": (actual.T @ predicted).tolist(),
     }
 
 
 def scalars(logs: dict) -> dict[str, float]:
-    """The numbers of a log entry, as its log line holds them (per-class tables stay in metrics.json)."""
+    """A log entry's numbers, as its log line holds them (per-class tables stay in metrics.json)."""
     return {key: value for key, value in logs.items() if isinstance(value, (int, float))}
 
 
@@ -113,7 +101,6 @@ def write_log_line(step: int, logs: dict) -> dict[str, float]:
 
 
 def library_versions() -> dict[str, str]:
-    """The versions a run used: Python, torch and its CUDA, and the Hugging Face libraries installed."""
     import torch
 
     versions = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
@@ -128,7 +115,7 @@ def library_versions() -> dict[str, str]:
 
 def write_metrics(output_dir: str, metrics: dict, trained: bool) -> Path:
     """Write output_dir/metrics.json with library_versions(). A run that trained writes it whole; one that
-    only evaluated replaces the eval_* figures and keeps the train figures of the run that wrote it."""
+    only evaluated replaces the eval_* figures and keeps the others."""
     path = Path(output_dir) / "metrics.json"
     if not trained and path.is_file():
         kept = {key: value for key, value in json.loads(path.read_text()).items() if not key.startswith("eval_")}
@@ -140,7 +127,6 @@ def write_metrics(output_dir: str, metrics: dict, trained: bool) -> Path:
 
 
 def is_finished(output_dir: str, steps_left: int) -> bool:
-    """Whether output_dir's run has nothing left to train and has written metrics.json (a rerun keeps it)."""
     return steps_left == 0 and Path(output_dir, "metrics.json").is_file()
 
 
@@ -185,19 +171,16 @@ def plot_training_curves(history: list[dict], path: Path) -> list[str]:
     series = sorted(name for name, logged in points.items() if len(logged) > 1)
     if not series:
         return []
-    import matplotlib
+    from matplotlib.figure import Figure  # not pyplot: no display, no global figure to close
 
-    matplotlib.use("Agg")  # no display: write the file only
-    from matplotlib import pyplot as plt
-
-    figure, axes = plt.subplots(len(series), 1, figsize=(7, 2.2 * len(series)), sharex=True, squeeze=False)
+    figure = Figure(figsize=(7, 2.2 * len(series)))
+    axes = figure.subplots(len(series), 1, sharex=True, squeeze=False)
     for axis, name in zip(axes[:, 0], series, strict=True):
         steps, values = zip(*points[name], strict=True)
-        axis.plot(steps, values, marker="." if len(steps) < 50 else None, label=name)
+        axis.plot(steps, values, marker="." if len(steps) < 50 else None)
         axis.set_ylabel(name)
         axis.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("step")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
-    plt.close(figure)
     return series

@@ -20,15 +20,14 @@ from .distributed import some_of
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-# transformers' model classes are imported where a model is built: the preflight, which builds one only
-# to check a setting against the architecture (check_model_settings), then starts without importing them.
+# transformers' model classes are imported where a model is built: the preflight imports them only for
+# check_model_settings.
 
 # How every model here loads:
-# - float32: transformers 5 loads in the checkpoint's dtype, often fp16 or bf16 on the Hub; trained so,
-#   AdamW loses small updates and GradScaler refuses fp16 gradients. Mixed precision is autocast's job.
-# - no Hub kernels: from 5.25, with the `kernels` package (a transformers dependency) installed, a CUDA
-#   model switched to eval() fetches kernels-community/activation: offline the run fails after training,
-#   online it evaluates other code than it trained.
+# - float32, not the checkpoint's dtype (often fp16 or bf16 on the Hub): AdamW loses small updates to
+#   half-precision weights and GradScaler refuses fp16 gradients. Mixed precision is autocast's job.
+# - no Hub kernels: from transformers 5.25 (and its `kernels` dependency) a CUDA model switched to eval()
+#   fetches some: offline the run fails after training, online it evaluates other code than it trained.
 LOAD_OPTIONS = {"dtype": torch.float32, "use_kernels": False}
 logger = logging.getLogger(__name__)
 
@@ -38,14 +37,19 @@ def hub_options(model_args: ModelArguments) -> dict:
             "trust_remote_code": model_args.trust_remote_code}
 
 
+def from_pretrained(auto_class: type, name: str, flag: str = "--model_name_or_path", **options):
+    """A missing or unreadable name is refused in one line that names its flag."""
+    check_local_path(name, flag)
+    try:
+        return auto_class.from_pretrained(name, **options)
+    except (OSError, ValueError) as err:
+        raise model_not_found(name, type(err).__name__, flag) from None
+
+
 def load_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
     name = model_args.tokenizer_name or model_args.model_name_or_path
     flag = "--tokenizer_name" if model_args.tokenizer_name else "--model_name_or_path"
-    check_local_path(name, flag)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name, **hub_options(model_args))
-    except (OSError, ValueError) as err:
-        raise model_not_found(name, type(err).__name__, flag) from None
+    tokenizer = from_pretrained(AutoTokenizer, name, flag, **hub_options(model_args))
     pad_on_the_right(tokenizer, name)
     return tokenizer
 
@@ -73,26 +77,24 @@ def load_model(model_args: ModelArguments, task: Task, tokenizer: PreTrainedToke
                freeze_unused: bool = False) -> PreTrainedModel:
     """A sequence classifier in fp32, one output per class (one for regression), with the task in its
     config (Task.as_config). A tokenizer's pad token becomes the config's: a decoder's head reads each row's
-    logits at its last token that is not the pad token, and without one refuses batches of more than one
-    row. freeze_unused (with a tokenizer) freezes the parameters the forward never uses."""
+    logits at its last non-pad token, and without a pad token refuses batches of two rows or more.
+    freeze_unused (with a tokenizer) freezes the parameters the forward never uses."""
     name, labels = model_args.model_name_or_path, dict(enumerate(task.label_names))
-    check_local_path(name)
-    try:
-        config = AutoConfig.from_pretrained(
-            name, num_labels=task.num_labels, **hub_options(model_args),
-            **({"id2label": labels, "label2id": {label: i for i, label in labels.items()}} if labels else {}),
-        )
-        config.update(task.as_config())
-        if tokenizer is not None:
-            config.pad_token_id = tokenizer.pad_token_id
-        if getattr(config, "use_cache", None):
-            config.use_cache = False  # a classifier never generates: no key/value cache to build
-        from transformers import AutoModelForSequenceClassification
+    config = from_pretrained(
+        AutoConfig, name, num_labels=task.num_labels, **hub_options(model_args),
+        **({"id2label": labels, "label2id": {label: i for i, label in labels.items()}} if labels else {}),
+    )
+    config.update(task.as_config())
+    if tokenizer is not None:
+        config.pad_token_id = tokenizer.pad_token_id
+    if getattr(config, "use_cache", None):
+        config.use_cache = False  # a classifier never generates: no key/value cache to build
+    from transformers import AutoModelForSequenceClassification
 
-        model = AutoModelForSequenceClassification.from_pretrained(
-            name, config=config, ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
-            **hub_options(model_args), **LOAD_OPTIONS,
-        )
+    try:
+        model = from_pretrained(AutoModelForSequenceClassification, name, config=config, **LOAD_OPTIONS,
+                                ignore_mismatched_sizes=model_args.ignore_mismatched_sizes,
+                                **hub_options(model_args))
     except RuntimeError as err:
         if "ignore_mismatched_sizes" not in str(err):
             raise
@@ -100,8 +102,6 @@ def load_model(model_args: ModelArguments, task: Task, tokenizer: PreTrainedToke
             f"--model_name_or_path {name!r} has a classifier for another number of outputs than the "
             f"{task.num_labels} this data needs; pass --ignore_mismatched_sizes true to start a fresh head"
         ) from None
-    except (OSError, ValueError) as err:
-        raise model_not_found(name, type(err).__name__) from None
     #% if cookiecutter.include_lora
     model = lora.apply_adapters(model, model_args)  # with --lora_r > 0
     #% endif
@@ -143,21 +143,19 @@ def unused_parameters(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -
     return [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in reached]
 
 
-def freeze_unused_parameters(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> list[str]:
+def freeze_unused_parameters(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> None:
     """Freeze the trainable parameters the classification forward never uses, and name them in one line.
 
     Some architectures carry weights their head skips (BigBird's pooler, ESM's contact head, XLNet's mask
-    embedding). Without a gradient they never learn, and DDP, which
-    all-reduces a bucket once all its parameters have gradients, would never reduce theirs: the ranks'
-    gradients would part at the first step. Frozen, DDP leaves them out. A model that uses other
-    parameters on other inputs (a mixture of experts) must keep them: --ddp_find_unused_parameters true."""
+    embedding). Without a gradient they never learn, and DDP, which reduces a bucket once all its parameters
+    have gradients, would never reduce theirs: the ranks' gradients would part at the first step. A model
+    using other parameters on other inputs (a mixture of experts) needs --ddp_find_unused_parameters true."""
     unused = unused_parameters(model, inputs)
     for name in unused:
         model.get_parameter(name).requires_grad_(False)
     if unused:
         logger.info("froze %s: the classification forward never uses them, so they could not learn, and DDP "
                     "would wait for their gradients", some_of(unused))
-    return unused
 
 
 def check_labels_fit(model_dir: Path, task: Task, what: str, same_names: bool = False) -> None:
@@ -199,11 +197,7 @@ def check_model_settings(model_args: ModelArguments, gradient_checkpointing: boo
     #% endif
     if not checks:
         return
-    name = model_args.model_name_or_path
-    try:
-        config = AutoConfig.from_pretrained(name, **hub_options(model_args))
-    except (OSError, ValueError) as err:
-        raise model_not_found(name, type(err).__name__) from None
+    config = from_pretrained(AutoConfig, model_args.model_name_or_path, **hub_options(model_args))
     from transformers import AutoModelForSequenceClassification
 
     with torch.device("meta"):

@@ -6,7 +6,6 @@ The model's config.json holds its data.Task (problem type, labels, text column(s
 predicting on the eval file tokenises exactly as the eval did. Under torchrun (or a launch script with
 MODULE=<package>.predict) each rank predicts every world_size-th row of the length-sorted input; rank 0
 writes each input row once, in input order, its columns followed by the prediction columns.
-`--do_predict` with `--test_file` runs the same after training, into output_dir/predictions.<suffix>.
 """
 
 from __future__ import annotations
@@ -29,11 +28,11 @@ from .config import (
     DATA_SUFFIXES,
     ConfigError,
     ModelArguments,
-    check_local_path,
     check_preprocessing_num_workers,
+    flag,
     parse_flags,
 )
-from .data import Task, build_collator, log_truncation, read_files, tokenize_datasets
+from .data import Task, build_collator, read_files, tokenize_datasets
 from .device import resolve_device_settings
 from .distributed import (
     cleanup_distributed,
@@ -44,7 +43,7 @@ from .distributed import (
     start_distributed,
 )
 from .metrics import predict_from_logits
-from .modeling import LOAD_OPTIONS, load_tokenizer
+from .modeling import LOAD_OPTIONS, from_pretrained, load_tokenizer
 from .torchrun import TorchrunEnv
 
 logger = logging.getLogger(f"{__package__}.predict")
@@ -55,16 +54,14 @@ class PredictArguments:
     model_name_or_path: str = field(metadata={"help": "A run's output_dir, or any save_pretrained folder."})
     input_file: str = field(metadata={"help": "csv, json, jsonl or parquet rows to predict."})
     output_file: str = field(metadata={"help": "Where to write them, with predictions (csv/json/jsonl/parquet)."})
-    text_column: str | None = field(default=None, metadata={"help": "Default: the model's training column."})
-    text_pair_column: str | None = field(default=None, metadata={"help": "Default: the model's, if any."})
-    multi_label_threshold: float | None = field(default=None, metadata={"help": "Default: the model's."})
-    batch_size: int = field(default=64, metadata={"help": "Rows per process per batch."})
-    use_cpu: bool = field(default=False, metadata={"help": "Predict on CPU even with a GPU."})
-    mixed_precision: str = field(default="auto", metadata={"help": "As for training.",
-                                                           "choices": ["auto", "bf16", "fp16", "no"]})
-    ddp_timeout: int = field(default=1800, metadata={"help": "Seconds before a stuck collective fails."})
-    preprocessing_num_workers: int | None = field(
-        default=None, metadata={"help": "Processes for tokenising, as for training."})
+    text_column: str | None = flag(None, "Default: the model's training column.")
+    text_pair_column: str | None = flag(None, "Default: the model's, if any.")
+    multi_label_threshold: float | None = flag(None, "Default: the model's.")
+    batch_size: int = flag(64, "Rows per process per batch.")
+    use_cpu: bool = flag(False, "Predict on CPU even with a GPU.")
+    mixed_precision: str = flag("auto", "As for training.", ["auto", "bf16", "fp16", "no"])
+    ddp_timeout: int = flag(1800, "Seconds before a stuck collective fails.")
+    preprocessing_num_workers: int | None = flag(None, "Processes for tokenising, as for training.")
 
     def __post_init__(self) -> None:
         for name in ("input_file", "output_file"):
@@ -96,18 +93,13 @@ def main(argv: list[str] | None = None) -> None:
 
 def load_trained_model(path: str, device: torch.device) -> tuple[PreTrainedModel, object, Task]:
     """A trained model, its tokenizer and task."""
-    check_local_path(path)
     #% if cookiecutter.include_lora
     lora.refuse_adapter_without_base(path)  # a LoRA run's output_dir loads whole, its checkpoint-N does not
     #% endif
     if Path(path, "model_and_optimizer").is_dir():  # the native loop's checkpoint-N (checkpoint.py)
         raise ConfigError(f"--model_name_or_path {path!r} is a checkpoint to resume from, its weights sharded in "
                           "model_and_optimizer/: predict from the run's output_dir, which holds the final model")
-    try:
-        model = AutoModelForSequenceClassification.from_pretrained(path, **LOAD_OPTIONS)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"--model_name_or_path {path!r} could not be loaded ({type(err).__name__}): pass a "
-                          "run's output_dir, or another save_pretrained folder") from None
+    model = from_pretrained(AutoModelForSequenceClassification, path, **LOAD_OPTIONS)
     tokenizer = load_tokenizer(ModelArguments(model_name_or_path=path))
     task = Task.from_config(model.config)  # a model trained elsewhere has none: the defaults, within its limit
     task = replace(task, max_seq_length=min(task.max_seq_length, tokenizer.model_max_length))
@@ -121,13 +113,12 @@ def predict_file(model: PreTrainedModel, tokenizer, task: Task, input_file: str,
     process of the group calls it: rank 0 reads and tokenises first (in num_proc processes), the others
     then read its cache; each predicts its share and rank 0 gathers them."""
     with main_process_first():
-        rows = read_files({"input": input_file}, flag="--input_file")["input"]
-        for flag, column in (("text_column", task.text_column), ("text_pair_column", task.text_pair_column)):
+        rows = read_files({"input": input_file})["input"]
+        for name, column in (("text_column", task.text_column), ("text_pair_column", task.text_pair_column)):
             if column is not None and column not in rows.column_names:
-                raise ConfigError(f"--{flag} {column!r} is not a column of {input_file}; columns are: "
+                raise ConfigError(f"--{name} {column!r} is not a column of {input_file}; columns are: "
                                   f"{', '.join(rows.column_names)}")
         tokenized = tokenize_datasets(DatasetDict(input=rows), tokenizer, task, num_proc=num_proc)
-    log_truncation(tokenized, task.max_seq_length)
     batches = partial(DataLoader, batch_size=batch_size,
                       collate_fn=build_collator(tokenizer, mixed_precision=precision != "no"))
     outputs = sharded_forward(model, tokenized["input"], batches, device, precision)
@@ -166,7 +157,7 @@ def write_rows(rows: Dataset, columns: dict[str, list], output_file: str) -> Pat
     if path.suffix == ".parquet":
         rows.to_parquet(path)
     elif path.suffix == ".csv":
-        rows.to_csv(path, index=False)
+        rows.to_csv(path)
     else:  # .jsonl: one object per line; .json: one array
         # One batch: datasets writes an array (lines=False) only when the whole of it fits in one.
         rows.to_json(path, lines=path.suffix == ".jsonl", batch_size=max(len(rows), 1), force_ascii=False)

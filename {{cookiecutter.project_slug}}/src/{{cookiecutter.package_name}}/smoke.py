@@ -110,7 +110,8 @@ def multilabel_examples(count: int, seed: int) -> list[dict[str, str | list[str]
     return examples
 
 
-TASKS = {"pairs": pair_examples, "regression": regression_examples, "multilabel": multilabel_examples}
+TASKS = {"": synthetic_examples, "pairs": pair_examples, "regression": regression_examples,  # "": at the top
+         "multilabel": multilabel_examples}
 
 
 def build_tokenizer() -> BertTokenizer:
@@ -123,18 +124,15 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def make_smoke_assets(output_dir: str | Path, train_size: int = 512, eval_size: int = 101, seed: int = 0) -> Path:
-    """Write tiny-bert/, train.jsonl, validation.jsonl and one such pair of files per TASKS folder: the same
-    arguments give the same files, byte for byte."""
+    """Write tiny-bert/ and each TASKS folder's train.jsonl and validation.jsonl: the same arguments give the
+    same files, byte for byte."""
     output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     tokenizer.save_pretrained(output_dir / "tiny-bert")
     torch.manual_seed(seed)
     config = BertConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=128, max_position_embeddings=128, num_labels=len(LABELS))
     BertForSequenceClassification(config).save_pretrained(output_dir / "tiny-bert")
-    write_jsonl(output_dir / "train.jsonl", synthetic_examples(train_size, seed))
-    write_jsonl(output_dir / "validation.jsonl", synthetic_examples(eval_size, seed + 1))
     for task, examples in TASKS.items():
         (output_dir / task).mkdir(exist_ok=True)
         write_jsonl(output_dir / task / "train.jsonl", examples(train_size, seed))
@@ -150,7 +148,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     transformers.utils.logging.disable_progress_bar()  # no "Writing model shards" bar in logs
-    path = make_smoke_assets(args.output_dir, args.train_size, args.eval_size, args.seed)
+    path = make_smoke_assets(**vars(args))
     print(f"smoke assets written to {path}/")
 
 
