@@ -148,18 +148,30 @@ def test_default_config_with_a_train_file_is_refused_naming_local_files_yaml() -
 
 
 @pytest.mark.parametrize(("line", "message"), [
-    ("problem_type: binary", "problem_type: 'binary' is not one of auto, single_label_classification, multi_label"),
-    ("per_device_train_batch_size: 8.5", "per_device_train_batch_size: 8.5 is not a whole number"),
-    ("learning_rate: [1, 2]", r"learning_rate: \[1, 2\] is not a number"),
-    ("mixed_precision: no", r"mixed_precision: False is not text \(YAML reads unquoted no, yes, on, off as bools\)"),
-    ('do_eval: "false"', "do_eval: 'false' is not true or false"),
-    ("model_name_or_path: null", "model_name_or_path is empty: give it a value"),
-], ids=["choice", "int", "float", "yaml-bool-as-text", "text-as-bool", "required-null"])
-def test_a_config_file_value_of_the_wrong_type_is_refused_by_name(tmp_path: Path, line: str, message: str) -> None:
-    """argparse converts and checks command-line strings only; YAML types a file's values itself."""
+    ("problem_type: binary", r"^argument --problem_type/--problem-type: invalid choice: 'binary' \(choose from "),
+    ("per_device_train_batch_size: 8.5", "^argument --per_device_train_batch_size/.*: invalid int value: '8.5'$"),
+    ("learning_rate: [1, 2]", r"^argument --learning_rate/--learning-rate: invalid float value: '\[1, 2\]'$"),
+    ('do_eval: "maybe"', "^argument --do_eval/--do-eval: Truthy value expected: got maybe"),
+    ("model_name_or_path: null", "model_name_or_path is empty: give it a value, or leave it out for its default$"),
+], ids=["choice", "int", "float", "bool", "required-null"])
+def test_a_config_file_value_is_checked_as_its_flag_would_be(tmp_path: Path, line: str, message: str) -> None:
     config = write_yaml(tmp_path / "run.yaml", f"model_name_or_path: m\ntrain_file: t.jsonl\n{line}\n")
     with pytest.raises(ConfigError, match=message):
         parse_args([config])
+
+
+def test_yaml_reads_no_and_yes_as_text_and_a_mapping_as_json(tmp_path: Path) -> None:
+    """YAML 1.1 (PyYAML) reads unquoted no, yes, on, off as booleans: `save_strategy: no` would be False."""
+    config = write_yaml(tmp_path / "run.yaml", (
+        "model_name_or_path: m\ntrain_file: t.jsonl\nmixed_precision: no\nsave_strategy: no\ndo_eval: no\n"
+        "lr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr_rate: 0.1}\n"))
+    _, _, args = parse_args([config])
+    assert (args.mixed_precision, args.save_strategy, args.do_eval) == ("no", "no", False)
+    assert args.lr_scheduler_kwargs == {"min_lr_rate": 0.1}
+{%- if cookiecutter.training_loop == "trainer" %}
+    (tmp_path / "run.yaml").write_text("model_name_or_path: m\ntrain_file: t.jsonl\nlabel_names: [labels, x]\n")
+    assert parse_args([config])[2].label_names == ["labels", "x"]  # a list: one flag of several values
+{%- endif %}
 
 
 def test_a_checkpoint_resumes_on_another_world_size_with_its_global_batch(tmp_path: Path) -> None:

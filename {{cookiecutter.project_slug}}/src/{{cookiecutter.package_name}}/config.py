@@ -6,8 +6,9 @@ in training_args.py."""
 from __future__ import annotations
 
 import json
+import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, NoReturn
@@ -191,55 +192,53 @@ def check_local_path(name: str, flag: str = "--model_name_or_path") -> None:
         raise model_not_found(name, "no such folder", flag)
 
 
-def read_config_file(argv: list[str]) -> tuple[Path | None, dict, list[str]]:
-    """(the file, its values, the flags after it) when the first argument is a YAML or JSON file."""
+class Yaml12Loader(yaml.SafeLoader):
+    """YAML 1.2's booleans, true and false only: no, yes, on and off stay text, as `mixed_precision: no`
+    means (PyYAML reads YAML 1.1, where they are booleans)."""
+
+
+Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile("^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
+def config_file_flags(argv: list[str], parser: HfArgumentParser) -> list[str]:
+    """argv, with a first argument that names a YAML or JSON file replaced by the flags it holds:
+    argparse then checks the file's values as it checks the command line's, which come after them
+    and win."""
     if not argv or argv[0].startswith("-") or not argv[0].endswith(CONFIG_SUFFIXES):
         for before, arg in pairwise(argv):  # a file that is no flag's value
             if arg.endswith(CONFIG_SUFFIXES) and not before.startswith("-"):
                 raise ConfigError(f"config file {arg!r} comes after flags: pass it first, then the flags")
-        return None, {}, argv
+        return argv
     path = Path(argv[0])
     if not path.is_file():
         raise ConfigError(f"config file {argv[0]!r} not found; pass a path to a .yaml, .yml or .json file")
     text = path.read_text()
     try:
-        values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        is_json = path.suffix == ".json"
+        values = json.loads(text) if is_json else yaml.load(text, Loader=Yaml12Loader)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise ConfigError(f"config file {str(path)!r} is not valid {path.suffix[1:].upper()}: {err}") from None
     if values is not None and not isinstance(values, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of flag names to values")
-    return path, values or {}, argv[1:]
-
-
-def check_file_values(path: Path, values: dict, parser: HfArgumentParser) -> None:
-    """A config file's values, as YAML or JSON typed them, against its flags' names, types and choices
-    (argparse converts and checks the command line's strings only, never defaults)."""
-    # Each name's first action: a true-by-default flag's, not its --no_ twin's.
-    actions = {action.dest: action for action in reversed(parser._actions)}
-    if unknown := sorted(set(values) - set(actions)):
+    settings = {item.name: item for types in parser.dataclass_types for item in fields(types)}
+    if unknown := sorted(set(values or {}) - set(settings)):
         raise ConfigError(f"{path}: unknown setting(s) {', '.join(unknown)}; see --help for the names")
-    for name, value in values.items():
-        action = actions[name]
+    flags = []
+    for name, value in (values or {}).items():
         if value is None:
-            if action.required or action.default is not None:
-                raise ConfigError(f"{path}: {name} is empty: give it a value")
-        elif action.type in (int, float):  # or text argparse converts: PyYAML reads 2e-5 as text
-            numbers = (int,) if action.type is int else (int, float)
-            try:
-                valid = (isinstance(value, numbers) and not isinstance(value, bool)
-                         or isinstance(value, str) and action.type(value) is not None)
-            except ValueError:
-                valid = False
-            expected = "a whole number" if action.type is int else "a number"
-        elif getattr(action.type, "__name__", None) == "string_to_bool":  # HfArgumentParser's, for bool fields
-            valid, expected = isinstance(value, bool), "true or false"
-        else:  # text, or a mapping as lr_scheduler_kwargs takes
-            valid, expected = not isinstance(value, bool), "text (YAML reads unquoted no, yes, on, off as bools)"
-        if value is not None and not valid:
-            raise ConfigError(f"{path}: {name}: {value!r} is not {expected}")
-        if action.choices is not None and value not in action.choices:
-            raise ConfigError(f"{path}: {name}: {value!r} is not one of {', '.join(map(str, action.choices))}")
-        action.required = False  # the file gives it
+            raise ConfigError(f"{path}: {name} is empty: give it a value, or leave it out "
+                              "for its default")
+        if isinstance(value, list) and "list" in str(settings[name].type):
+            flags += [f"--{name}", *map(str, value)]  # a flag of several values
+        elif isinstance(value, dict):  # lr_scheduler_kwargs: JSON, as on the command line
+            flags.append(f"--{name}={json.dumps(value)}")
+        else:
+            flags.append(f"--{name}={value}")
+    return flags + argv[1:]
 
 
 def parse_flags(parser: HfArgumentParser, argv: list[str] | None) -> tuple:
@@ -269,11 +268,7 @@ def parse_args(training_args_class: type, argv: list[str] | None = None) -> tupl
         description="CONFIG is a .yaml, .yml or .json file of flag values; flags after it override it.",
         allow_abbrev=False,  # a mistyped flag is an error, not silently another flag
     )
-    config_path, values, flags = read_config_file(argv)
-    if values:
-        check_file_values(config_path, values, parser)
-        parser.set_defaults(**values)
-    model_args, data_args, training_args = parse_flags(parser, flags)
+    model_args, data_args, training_args = parse_flags(parser, config_file_flags(argv, parser))
     if training_args.do_predict and data_args.test_file is None:
         raise ConfigError("--do_predict needs --test_file: the csv, json, jsonl or parquet rows to predict")
     if training_args.gradient_checkpointing and training_args.ddp_find_unused_parameters:
