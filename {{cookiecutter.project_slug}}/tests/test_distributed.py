@@ -151,11 +151,6 @@ def test_explicit_precision_flag_wins_over_auto_and_agrees_with_its_own_name() -
     assert resolve_device_settings("auto", bf16=True, cuda_available=False).precision == "bf16"
 
 
-def test_unknown_mixed_precision_is_refused() -> None:
-    with pytest.raises(ConfigError, match="--mixed_precision 'fp32': use auto, bf16, fp16 or no"):
-        resolve_device_settings("fp32", cuda_available=False)
-
-
 def test_explicit_ddp_backend_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert resolve_device_settings("auto", ddp_backend="gloo", cuda_available=True, bf16_supported=True).ddp_backend \

@@ -1,8 +1,6 @@
 """The private APIs this project relies on, where no public one does the same: each behind one function here,
 named in its docstring, so that an upgrade that changes one breaks in one place; tests/test_compat.py fails,
-naming the API, when one is gone or changed. Checked on Python 3.11{% if cookiecutter.training_loop == "trainer" %}, torch 2.13.0, transformers 5.25.0
-and accelerate 1.16.0{% else %} and
-torch 2.13.0{% endif %} (as constraints.txt pins them), which CHECKED_ON repeats for error messages."""
+naming the API, when one is gone or changed. Checked on the versions CHECKED_ON names (constraints.txt's)."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from .compat import clear_exit_handlers, run_exit_handlers
 
@@ -48,41 +49,33 @@ class TorchrunEnv:
         return self.rank == 0
 
 
-class WorkersStopped(Exception):
-    """SIGTERM, passed on to the workers; how each ended (its exit status, or None if still running)."""
-
-    def __init__(self, statuses: dict[int, int | None]) -> None:
-        super().__init__(f"SIGTERM: workers ended with {statuses}")
-        self.statuses = statuses
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     # First of all, before torch takes seconds to import: a process killed by SIGTERM ends with the
     # same status (143) as workers that saved, and srun and train_slurm.sbatch could not tell them apart.
     if Path("/proc").is_dir():  # where stop_workers can find the workers
         signal.signal(signal.SIGTERM, stop_workers)
-    try:
-        run_torchrun(fork_workers_from_here(argv))
-    except WorkersStopped as stopped:
-        statuses = stopped.statuses
-        unsaved = [f"{pid} ({describe(status)})" for pid, status in statuses.items()
-                   if status != STOPPED_EXIT_CODE]
-        if not statuses:
-            print("torchrun: stopped by SIGTERM before any worker started: nothing was saved", file=sys.stderr)
-            raise SystemExit(1) from None
-        if all(status == 0 for status in statuses.values()):  # it came as the training ended
-            print(f"torchrun: SIGTERM came as the run ended: all {len(statuses)} worker(s) here had finished it "
-                  "(exit status 0)", file=sys.stderr)
-            raise SystemExit(0) from None
-        if unsaved:
-            print(f"torchrun: stopped by SIGTERM, but worker(s) {', '.join(unsaved)} did not save the step they "
-                  "reached (exit status 143 means saved): the same command resumes from the last checkpoint",
-                  file=sys.stderr)
-            raise SystemExit(1) from None
-        print(f"torchrun: stopped by SIGTERM: all {len(statuses)} worker(s) here saved the step they reached; "
-              "the same command resumes there", file=sys.stderr)
-        raise SystemExit(STOPPED_EXIT_CODE) from None
+    run_torchrun(fork_workers_from_here(argv))
+
+
+def end_after_sigterm(statuses: dict[int, int | None]) -> NoReturn:
+    """End the launcher after a SIGTERM, saying from how each worker ended (its exit status, or None if
+    still running) whether they all saved the step they reached."""
+    if not statuses:
+        raise SystemExit("torchrun: stopped by SIGTERM before any worker started: nothing was saved")
+    if all(status == 0 for status in statuses.values()):  # it came as the training ended
+        print(f"torchrun: SIGTERM came as the run ended: all {len(statuses)} worker(s) here had finished it "
+              "(exit status 0)", file=sys.stderr)
+        raise SystemExit(0)
+    unsaved = [f"{pid} ({describe(status)})" for pid, status in statuses.items()
+               if status != STOPPED_EXIT_CODE]
+    if unsaved:
+        raise SystemExit(f"torchrun: stopped by SIGTERM, but worker(s) {', '.join(unsaved)} did not save the "
+                         "step they reached (exit status 143 means saved): the same command resumes from the "
+                         "last checkpoint")
+    print(f"torchrun: stopped by SIGTERM: all {len(statuses)} worker(s) here saved the step they reached; "
+          "the same command resumes there", file=sys.stderr)
+    raise SystemExit(STOPPED_EXIT_CODE)
 
 
 def fork_workers_from_here(argv: list[str]) -> list[str]:
@@ -99,9 +92,8 @@ def fork_workers_from_here(argv: list[str]) -> list[str]:
     if "PREFLIGHT_WORLD_SIZE" in os.environ and args.training_script == f"{__package__}.train":
         run_preflight(args.training_script_args)
     if torch.cuda.is_initialized():
-        print(f"error: {__package__}.torchrun initialised CUDA before forking the workers, which would then fail "
-              "to use their GPUs: nothing was started", file=sys.stderr)
-        raise SystemExit(1)
+        raise SystemExit(f"error: {__package__}.torchrun initialised CUDA before forking the workers, which "
+                         "would then fail to use their GPUs: nothing was started")
     # What is imported by now lasts as long as the workers: frozen, their full collections skip it (up to a
     # second at the end of a run), and the memory pages they share with this process stay shared.
     gc.freeze()
@@ -137,9 +129,8 @@ def run_preflight(train_args: list[str]) -> None:
     if status == 2:  # a bad setting: the preflight printed its error line
         raise SystemExit(2)
     if status != 0:
-        print(f"error: the preflight check ({__package__}.preflight) failed with status {status}: nothing was "
-              "started", file=sys.stderr)
-        raise SystemExit(1)
+        raise SystemExit(f"error: the preflight check ({__package__}.preflight) failed with status {status}: "
+                         "nothing was started")
 
 
 def run_module(argv: list[str]) -> None:
@@ -222,13 +213,13 @@ def stop_workers(signum: int, frame: object) -> None:
     if _preflight_pid is not None:  # no worker started yet
         with contextlib.suppress(ProcessLookupError):
             os.kill(_preflight_pid, signal.SIGKILL)
-        raise WorkersStopped({})
+        end_after_sigterm({})
     workers = child_pids()
     for pid in workers:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)  # torchrun starts each worker in a session of its own
     deadline = time.monotonic() + int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"))
-    raise WorkersStopped({pid: exit_status(pid, deadline) for pid in workers})
+    end_after_sigterm({pid: exit_status(pid, deadline) for pid in workers})
 
 
 def child_pids() -> list[int]:

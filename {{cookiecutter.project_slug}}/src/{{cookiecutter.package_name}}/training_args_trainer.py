@@ -10,7 +10,7 @@ sets up its devices, which it then adopts through accelerate.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import transformers
@@ -19,7 +19,7 @@ from transformers.integrations import get_reporting_integration_callbacks
 #% if cookiecutter.experiment_tracker != "none"
 from . import tracking
 #% endif
-from .config import ConfigError, check_training_settings
+from .config import ConfigError, check_training_settings, flag
 from .device import training_device_settings
 from .distributed import default_dataloader_workers
 from .parallel import ParallelArguments
@@ -33,32 +33,27 @@ CHECKPOINT_LAST_FILE = "trainer_state.json"
 # With the flags of parallel.py, where the model is spread over the processes.
 @dataclass
 class TrainingArguments(ParallelArguments, transformers.TrainingArguments):
-    mixed_precision: str = field(default="auto", metadata={
-        "help": "auto: bf16 on GPUs that support it, else fp16; fp32 on CPU. Or bf16, fp16 (CUDA only), no.",
-        "choices": ["auto", "bf16", "fp16", "no"]})
+    mixed_precision: str = flag("auto", "auto: bf16 on GPUs that support it, else fp16; fp32 on CPU. Or "
+                                "bf16, fp16 (CUDA only), no.", ["auto", "bf16", "fp16", "no"])
     # Batches of similar length carry little padding. On imdb-like lengths padding fell from 56% of
     # all tokens to 6% and training ran 2.9x faster (the template's bench/length_grouping.py).
-    train_sampling_strategy: str = field(default="group_by_length", metadata={
-        "help": "random, sequential, group_by_length or batch_rebalance.",
-        "choices": ["random", "sequential", "group_by_length", "batch_rebalance"]})
-    do_train: bool = field(default=True, metadata={"help": "Train (false: only evaluate the loaded model)."})
-    do_eval: bool = field(default=True, metadata={"help": "Evaluate after training and write metrics.json."})
+    train_sampling_strategy: str = flag("group_by_length", "Order of train examples.",
+                                        ["random", "sequential", "group_by_length", "batch_rebalance"])
+    do_train: bool = flag(True, "Train (false: only evaluate the loaded model).")
+    do_eval: bool = flag(True, "Evaluate after training and write metrics.json.")
     # Searching for unused parameters costs a graph walk per step; those the forward never uses are frozen
     # at load instead (modeling.freeze_unused_parameters).
-    ddp_find_unused_parameters: bool | None = field(default=False, metadata={
-        "help": "For models whose forward skips other parameters on other inputs; true also keeps unused ones "
-                "trainable."})
+    ddp_find_unused_parameters: bool | None = flag(False, "For models whose forward skips other parameters "
+                                                   "on other inputs; true also keeps unused ones trainable.")
     # Buffers such as position ids never change here: syncing them wastes a collective per micro-step.
-    ddp_broadcast_buffers: bool | None = field(default=False, metadata={
-        "help": "Sync buffers before each forward."})
+    ddp_broadcast_buffers: bool | None = flag(False, "Sync buffers before each forward.")
     # The collator drops helper columns itself; keeping them lets the length sampler read "length".
-    remove_unused_columns: bool = field(
-        default=False, metadata={"help": "Drop dataset columns the model does not take, before collation."})
-    dataloader_num_workers: int | None = field(default=None, metadata={
-        "help": "Loader processes per rank; None: this process's share of the CPUs less one, at most 4."})
-    output_dir: str | None = field(default="outputs", metadata={"help": "Checkpoints, final model, metrics.json."})
-    logging_steps: float = field(default=10, metadata={"help": "Log every N optimizer steps."})
-    save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most this many checkpoints."})
+    remove_unused_columns: bool = flag(False, "Drop columns the model does not take, before collation.")
+    dataloader_num_workers: int | None = flag(None, "Loader processes per rank; None: this process's share "
+                                              "of the CPUs less one, at most 4.")
+    output_dir: str | None = flag("outputs", "Checkpoints, final model, metrics.json.")
+    logging_steps: float = flag(10, "Log every N optimizer steps.")
+    save_total_limit: int | None = flag(2, "Keep at most this many checkpoints.")
     parsing = False  # not a flag: True while __post_init__ runs (see device)
 
     def __post_init__(self) -> None:
