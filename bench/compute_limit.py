@@ -1,6 +1,6 @@
 """The benchmark's compute limit: the same model stepping on pre-built batches of the workload's tokens.
 
-    torchrun --nproc_per_node=2 bench/compute_limit.py MODEL_DIR TRAIN_JSONL [--batch_size 8]
+    torchrun --nproc_per_node=2 bench/compute_limit.py MODEL_DIR TRAIN_JSONL [--batch_size 8] [--device cuda]
 
 Before the first step: tokenise the train file with the model's tokenizer (truncated at 512
 tokens, as the loops do), sort the examples by length, cut global batches of batch_size x
@@ -8,6 +8,8 @@ world_size consecutive examples (rank r takes slice r) and pad each rank's batch
 longest example, the least padding any batching reaches; then shuffle the batch order (the same
 on every rank) and build every tensor. The loop is only forward, backward (with DDP's all-reduce),
 fused AdamW and zero_grad: no loader, no logging, no clipping, no schedule, no evaluation.
+With --device cuda: one GPU a process (LOCAL_RANK's), nccl, the batches on the GPU before the first
+step and bf16 autocast, as the loops train there (bench/gpu_check.py runs it so).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import random
 from pathlib import Path
 
@@ -62,13 +65,19 @@ def main() -> None:
     parser.add_argument("train_file")
     parser.add_argument("--batch_size", type=int, default=8, help="examples per rank per step")
     parser.add_argument("--learning_rate", type=float, default=5e-5)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
 
-    dist.init_process_group("gloo")  # a CPU benchmark: the loops run on CPU there too
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
 
-    batches = build_batches(args.model_dir, args.train_file, args.batch_size, rank, world_size)
-    module = AutoModelForSequenceClassification.from_pretrained(args.model_dir, dtype=torch.float32)
+    batches = [{name: tensor.to(device) for name, tensor in batch.items()}
+               for batch in build_batches(args.model_dir, args.train_file, args.batch_size, rank, world_size)]
+    module = AutoModelForSequenceClassification.from_pretrained(args.model_dir, dtype=torch.float32).to(device)
     # No buffer sync before each forward (torch 2.13 renamed the flag), gradients in DDP's buckets.
     sync_buffers = next(name for name in ("forward_sync_buffers", "broadcast_buffers")
                         if name in inspect.signature(DistributedDataParallel).parameters)
@@ -76,7 +85,9 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, fused=True)
     model.train()
     for batch in batches:
-        model(**batch).loss.backward()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            loss = model(**batch).loss
+        loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)  # keeps the gradients aliased to DDP's buckets
     del model

@@ -16,7 +16,11 @@ Run it through bench/gpu_check.sh, which finds or installs what it needs (see it
    the last step. Model FLOPs = 6 N T + 12 L H sum(l^2): N = L (4 H^2 + 2 H I) weights in the encoder's matrix
    products, T real tokens, l each example's real length; embeddings, norms and softmax are not
    counted. MFU = model FLOPs / seconds / the GPU's dense bf16 peak (a table below, or
-   PEAK_BF16_TFLOPS). Targets: MFU >= 40% for both loops; native samples/s >= the Trainer's.
+   PEAK_BF16_TFLOPS). Targets: MFU >= 40% native, >= 35% Trainer; native samples/s >= the Trainer's.
+   Beside them, bench/compute_limit.py (a bare eager loop on pre-built batches of the same examples,
+   1 process, bf16) measured the same way: what eager PyTorch reaches on this GPU. Then each loop
+   trains again for the warm-up and PROFILE_STEPS steps under torch.profiler (see profiled): a table
+   of where a step's time goes.
 3. Half-precision checkpoints: each loop trains a few steps from the float16 checkpoint with
    --mixed_precision fp16 and from the bfloat16 one with --mixed_precision bf16. A run passes when
    it exits 0 with a finite train loss and saves float32 weights (the loops train fp32 weights and
@@ -56,6 +60,8 @@ PROJECT = "text-classifier"  # the default answers' project folder
 BERT_BASE = {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
              "intermediate_size": 3072}
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 256}
+MFU_TARGETS = {"native": 0.40, "trainer": 0.35}
+PROFILE_STEPS = 10  # optimizer steps profiled after the warm-up
 SIZES = {  # examples, per-device batch, warm-up steps left out of the timing
     "cuda": {"model": BERT_BASE, "train": 24576, "eval": 256, "batch": 64, "warmup": 20, "half_train": 512,
              "half_steps": 16, "backend": "nccl", "precision": "bf16"},
@@ -160,22 +166,66 @@ def throughput(loop: str, project: Path, data: Path, workdir: Path, sizes: dict,
     if not probe.get("samples"):
         fail(f"{loop}: the probe counted nothing after {sizes['warmup']} warm-up steps ({probe_file})")
         return None
+    metrics = json.loads((run_dir / "output" / "metrics.json").read_text())
+    return {"loop": loop, "wall_s": round(wall, 1), **rates(probe, sizes, peak),
+            "loop_train_samples_per_s": metrics.get("train_samples_per_second")}
+
+
+def rates(probe: dict, sizes: dict, peak: float | None) -> dict:
+    """A probed run's figures after its warm-up: samples and real tokens a second, model FLOPs, MFU."""
     seconds = probe["gpu_window_seconds"] or (probe["last_step"] - probe["window_start"])
     config = sizes["model"]
     layers, hidden, inner = config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"]
     weights = layers * (4 * hidden * hidden + 2 * hidden * inner)
     flops = 6 * weights * probe["real_tokens"] + 12 * layers * hidden * probe["squared_lengths"]
-    metrics = json.loads((run_dir / "output" / "metrics.json").read_text())
     return {
-        "loop": loop, "wall_s": round(wall, 1), "timed_steps": probe["steps"] - probe["warmup_steps"],
+        "timed_steps": probe["steps"] - probe["warmup_steps"],
         "samples_per_s": round(probe["samples"] / seconds, 1),
         "real_tokens_per_s": round(probe["real_tokens"] / seconds),
         "padding_efficiency": round(probe["real_tokens"] / probe["processed_tokens"], 3),
         "model_tflops_per_s": float(f"{flops / seconds / 1e12:.3g}"),
         "mfu": None if peak is None else round(flops / seconds / (peak * 1e12), 3),
-        "loop_train_samples_per_s": metrics.get("train_samples_per_second"),
         "peak_rss_mib": probe["peak_rss_mib"],
     }
+
+
+def compute_limit(data: Path, workdir: Path, sizes: dict, device: str, peak: float | None) -> dict | None:
+    """bench/compute_limit.py, a bare eager loop on pre-built batches of the same examples, 1 process, probed
+    as the loops are: the figures eager PyTorch reaches on this device, beside the loops'."""
+    run_dir = workdir / "compute-limit"
+    env = dict(os.environ, PYTHONPATH=str(BENCH / "probe"), BENCH_PROBE_DIR=str(run_dir / "probe"),
+               BENCH_PROBE_WARMUP_STEPS=str(sizes["warmup"]), HF_HUB_OFFLINE="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--rdzv-backend=c10d",
+               "--rdzv-endpoint=127.0.0.1:0", str(BENCH / "compute_limit.py"), str(data / "model-float32"),
+               str(data / "train.jsonl"), "--batch_size", str(sizes["batch"]), "--device", device]
+    start = time.perf_counter()
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    probe_file = run_dir / "probe" / "rank0.json"
+    if result.returncode != 0 or not probe_file.is_file():
+        fail(f"the compute-limit run exited {result.returncode}: {last_error(result)}")
+        return None
+    return {"loop": "compute limit (bare eager loop)", "wall_s": round(time.perf_counter() - start, 1),
+            **rates(json.loads(probe_file.read_text()), sizes, peak), "loop_train_samples_per_s": None}
+
+
+def profiled(loop: str, project: Path, data: Path, workdir: Path, sizes: dict) -> dict | None:
+    """A run of its own under torch.profiler (bench_probe.py): the throughput run's settings, for the
+    warm-up steps and then PROFILE_STEPS profiled ones. Where each step's time goes: on the host, on the
+    GPU, between them."""
+    run_dir, steps = workdir / f"profile-{loop}", sizes["warmup"] + PROFILE_STEPS
+    flags = ["--model_name_or_path", str(data / "model-float32"), "--train_file", str(data / "train.jsonl"),
+             "--validation_file", str(data / "validation.jsonl"), "--max_steps", str(steps),
+             "--max_train_samples", str(steps * sizes["batch"]), "--per_device_train_batch_size", str(sizes["batch"]),
+             "--mixed_precision", sizes["precision"], "--ddp_backend", sizes["backend"], "--eval_strategy", "no",
+             "--do_eval", "false", "--save_strategy", "no", "--logging_steps", "50"]
+    result, _ = train(project, run_dir, flags, sizes["warmup"], BENCH_PROBE_PROFILE_STEPS=str(PROFILE_STEPS))
+    probe_file = run_dir / "probe" / "rank0.json"
+    profile = json.loads(probe_file.read_text()).get("profile") if probe_file.is_file() else None
+    if result.returncode != 0 or not profile:
+        fail(f"{loop} profiled run: exit {result.returncode}, "
+             f"{'no profile in ' + str(probe_file) if result.returncode == 0 else last_error(result)}")
+        return None
+    return {"loop": loop, **profile}
 
 
 def several_processes(loop: str, project: Path, data: Path, workdir: Path, sizes: dict, gpus: str,
@@ -226,7 +276,8 @@ def half_precision(loop: str, project: Path, data: Path, workdir: Path, sizes: d
     return outcome | {"passed": passed, "detail": f"train loss {loss}, saved weights {'/'.join(sorted(saved))}"}
 
 
-def report(device_name: str, peak: float | None, runs: list[dict], halves: list[dict], cpu: bool) -> list[dict]:
+def report(device_name: str, peak: float | None, runs: list[dict], profiles: list[dict], halves: list[dict],
+           cpu: bool) -> list[dict]:
     """Print the tables; return the targets."""
     peak_text = f"{peak:g} TFLOP/s dense bf16" if peak else "unknown peak (set PEAK_BF16_TFLOPS)"
     print(f"\n{device_name}, {peak_text}\n")
@@ -235,18 +286,29 @@ def report(device_name: str, peak: float | None, runs: list[dict], halves: list[
     for run in runs:
         mfu = "n/a" if run["mfu"] is None else f"{run['mfu']:.1%}"
         print(f"| {run['loop']} | {run['samples_per_s']} | {run['real_tokens_per_s']} | {run['padding_efficiency']} "
-              f"| {run['model_tflops_per_s']} | {mfu} | {run['loop_train_samples_per_s']} | {run['wall_s']} |")
+              f"| {run['model_tflops_per_s']} | {mfu} | {run['loop_train_samples_per_s'] or 'n/a'} | {run['wall_s']} |")
+    if profiles:
+        print(f"\nWhere a step's time goes (torch.profiler, {PROFILE_STEPS} steps after the warm-up; per step, "
+              "the profiler's own cost included):\n")
+        print("| Loop | Wall (ms) | Host CPU (ms) | GPU busy (ms) | GPU idle | Kernel launches | Host syncs "
+              "| Reads back |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+        for profile in profiles:
+            cells = [profile[key] for key in ("wall_ms", "cpu_ms", "gpu_busy_ms")]
+            idle = "n/a" if profile["gpu_idle_share"] is None else f"{profile['gpu_idle_share']:.0%}"
+            counts = ["n/a" if profile[key] is None else profile[key] for key in ("kernel_launches", "host_syncs")]
+            print(f"| {profile['loop']} | {' | '.join('n/a' if cell is None else str(cell) for cell in cells)} "
+                  f"| {idle} | {' | '.join(map(str, counts))} | {profile['reads_back']} |")
     print("\n| Loop | Checkpoint | --mixed_precision | Result | Detail |\n|---|---|---|---|---|")
     for half in halves:
         print(f"| {half['loop']} | {half['checkpoint']} | {half['mixed_precision']} | "
               f"{'pass' if half['passed'] else 'FAIL'} | {half['detail']} |")
     by_loop = {run["loop"]: run for run in runs}
     targets = []
-    for loop in LOOPS:
+    for loop, least in MFU_TARGETS.items():
         if loop in by_loop and by_loop[loop]["mfu"] is not None:
-            targets.append({"target": f"{loop} MFU >= 40%", "value": by_loop[loop]["mfu"],
-                            "met": by_loop[loop]["mfu"] >= 0.40})
-    if len(by_loop) == 2:
+            targets.append({"target": f"{loop} MFU >= {least:.0%}", "value": by_loop[loop]["mfu"],
+                            "met": by_loop[loop]["mfu"] >= least})
+    if {"native", "trainer"} <= by_loop.keys():
         ratio = by_loop["native"]["samples_per_s"] / by_loop["trainer"]["samples_per_s"]
         targets.append({"target": "native samples/s >= Trainer's", "value": round(ratio, 3), "met": ratio >= 1.0})
     print()
@@ -303,6 +365,9 @@ def main() -> int:
                 print(f"{loop}: {run['samples_per_s']} samples/s, {run['model_tflops_per_s']} model TFLOP/s, "
                       f"wall {run['wall_s']} s",
                       file=sys.stderr, flush=True)
+        limit = compute_limit(data, workdir, sizes, device, peak)
+        profiles = [profile for loop in LOOPS
+                    if (profile := profiled(loop, projects[loop], data, workdir, sizes)) is not None]
         halves = []
         for loop in LOOPS:
             for dtype, precision in (("float16", "fp16" if device == "cuda" else "no"), ("bfloat16", "bf16")):
@@ -329,7 +394,7 @@ def main() -> int:
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    targets = report(device_name, peak, runs, halves, cpu=device == "cpu")
+    targets = report(device_name, peak, runs + ([limit] if limit else []), profiles, halves, cpu=device == "cpu")
     for several in severals:
         where = f"{several['gpus']} GPUs, one process each" if several["gpus"] else "2 CPU processes (--cpu)"
         print(f"- {several['loop']} on {where}: "
@@ -338,11 +403,11 @@ def main() -> int:
     print(f"\ngpu check took {elapsed:.0f} s")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"device": device_name, "peak_bf16_tflops": peak, "torch": torch.__version__,
-                                     "sizes": sizes, "throughput": runs, "half_precision": halves,
-                                     "several_processes": severals,
+                                     "sizes": sizes, "throughput": runs, "compute_limit": limit,
+                                     "profile": profiles, "half_precision": halves, "several_processes": severals,
                                      "targets": targets, "elapsed_s": elapsed}, indent=1) + "\n")
-    failed = (len(runs) < len(LOOPS) or not all(run["passed"] for run in [*halves, *severals])
-              or (device == "cuda" and peak is None))
+    failed = (len(runs) < len(LOOPS) or limit is None or len(profiles) < len(LOOPS)
+              or not all(run["passed"] for run in [*halves, *severals]) or (device == "cuda" and peak is None))
     if failed:
         fail("some runs failed; see the error lines above")
     return 1 if failed else 0

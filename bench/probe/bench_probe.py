@@ -21,6 +21,13 @@ torch offers for this, and writes BENCH_PROBE_DIR/rank<RANK>.json when the proce
 The counted window runs from the first train forward, or with BENCH_PROBE_WARMUP_STEPS=N from the
 end of optimizer step N, to the last optimizer step. On CUDA the counters stay on the GPU (no
 synchronisation per step) and CUDA events also time the window on the GPU's own clock.
+
+With BENCH_PROBE_PROFILE_STEPS=K, torch.profiler also records the window's first K optimizer steps
+(a run of its own: the profiler slows the host down) and the record gains "profile", per step:
+the wall and CPU milliseconds, the GPU's busy milliseconds (the union of its kernels' and copies'
+intervals) and its idle share, the kernel launches, the CUDA calls that wait for the GPU (stream,
+event and device synchronisation, blocking copies) and the reads of one number back to the host
+(`aten::_local_scalar_dense`, what `Tensor.item()` runs; on a GPU each waits for it).
 """
 
 from __future__ import annotations
@@ -33,14 +40,20 @@ import time
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 MODEL_SUFFIX = "ForSequenceClassification"
+KERNEL_LAUNCHES = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                   "cudaGraphLaunch"}
+# The CUDA runtime calls that block the host until the GPU catches up (cudaMemcpy: the synchronous copy).
+HOST_SYNCS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"}
+READ_BACK = "aten::_local_scalar_dense"
 
 
 class Probe:
-    def __init__(self, out_dir: str, rank: int, warmup_steps: int) -> None:
+    def __init__(self, out_dir: str, rank: int, warmup_steps: int, profile_steps: int = 0) -> None:
         self.path = Path(out_dir) / f"rank{rank}.json"
         self.rank, self.warmup_steps = rank, warmup_steps
         self.first_forward = self.first_step = self.window_start = self.last_step = None
@@ -53,6 +66,7 @@ class Probe:
         self.model: torch.nn.Module | None = None
         self.state_bytes: dict[str, int] | None = None
         self.start_event = self.end_event = None
+        self.profile_steps, self.profiler, self.profile = profile_steps, None, None
         self.finder = register_module_forward_pre_hook(self.find_model)
         register_optimizer_step_post_hook(self.after_step)
         atexit.register(self.write)
@@ -62,6 +76,13 @@ class Probe:
         if self.on_gpu:
             self.start_event = torch.cuda.Event(enable_timing=True)
             self.start_event.record()
+        if self.profile_steps:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.on_gpu:
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self.profiler = torch.profiler.profile(activities=activities)
+            self.profiler.__enter__()
+            self.profile_start = (self.steps, time.perf_counter(), time.process_time())
 
     def find_model(self, module: torch.nn.Module, args: tuple) -> None:
         if not (module.training and type(module).__name__.endswith(MODEL_SUFFIX)):
@@ -100,8 +121,36 @@ class Probe:
         elif self.on_gpu and self.counting:
             self.end_event = torch.cuda.Event(enable_timing=True)
             self.end_event.record()
+        if self.profiler is not None and self.steps - self.profile_start[0] == self.profile_steps:
+            self.end_profile()
+
+    def end_profile(self) -> None:
+        if self.on_gpu:
+            torch.cuda.synchronize()  # the steps' kernels end inside the profile
+        wall, cpu = time.perf_counter() - self.profile_start[1], time.process_time() - self.profile_start[2]
+        self.profiler.__exit__(None, None, None)
+        events, self.profiler = self.profiler.events(), None
+        busy = union_length(sorted((event.time_range.start, event.time_range.end) for event in events
+                                    if event.device_type == DeviceType.CUDA)) / 1e6  # microseconds
+        steps = self.profile_steps
+
+        def per_step(names: set[str]) -> float:
+            return round(sum(event.name in names for event in events) / steps, 1)
+
+        self.profile = {
+            "steps": steps, "wall_ms": round(1000 * wall / steps, 2), "cpu_ms": round(1000 * cpu / steps, 2),
+            "gpu_busy_ms": round(1000 * busy / steps, 2) if self.on_gpu else None,
+            "gpu_idle_share": round(1 - busy / wall, 3) if self.on_gpu else None,
+            "kernel_launches": per_step(KERNEL_LAUNCHES) if self.on_gpu else None,
+            "host_syncs": per_step(HOST_SYNCS) if self.on_gpu else None,
+            "reads_back": per_step({READ_BACK}),
+        }
 
     def write(self) -> None:
+        if self.profiler is not None:  # the run ended inside the profiled steps
+            self.profile_steps = self.steps - self.profile_start[0]
+            if self.profile_steps:
+                self.end_profile()
         real_tokens, squared_lengths = self.real.tolist() if self.real is not None else (0, 0)
         gpu_window_seconds = None
         if self.start_event is not None and self.end_event is not None:
@@ -114,7 +163,7 @@ class Probe:
             "real_tokens": real_tokens, "squared_lengths": squared_lengths, "gpu_window_seconds": gpu_window_seconds,
             "window_cpu_seconds": None if self.window_cpu_start is None else self.last_step_cpu - self.window_cpu_start,
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "state_bytes": self.state_bytes,
+            "state_bytes": self.state_bytes, "profile": self.profile,
         }
         self.path.write_text(json.dumps(record) + "\n")
 
@@ -130,6 +179,16 @@ def install_in_forked_ranks(out_dir: str) -> None:
 
     installed: dict[int, Probe] = {}
     hook = register_module_forward_pre_hook(install_on_first_forward)
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of sorted (start, end) intervals: work on several GPU streams counts once."""
+    total, reach = 0.0, float("-inf")
+    for start, end in intervals:
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 def local_bytes(tensor: torch.Tensor) -> int:
@@ -151,4 +210,5 @@ def held_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict
 
 def install(out_dir: str, rank: int) -> Probe:
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    return Probe(out_dir, rank, int(os.environ.get("BENCH_PROBE_WARMUP_STEPS", "0")))
+    return Probe(out_dir, rank, int(os.environ.get("BENCH_PROBE_WARMUP_STEPS", "0")),
+                 int(os.environ.get("BENCH_PROBE_PROFILE_STEPS", "0")))
