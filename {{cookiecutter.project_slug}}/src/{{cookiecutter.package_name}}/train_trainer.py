@@ -92,7 +92,7 @@ def prepare_run(args: TrainingArguments) -> None:
     configure_trackers(args.report_to, args.output_dir, args.process_index == 0)  # before the Trainer is built
     #% endif
     set_seed(args.seed)
-    if args.do_train:  # a checkpoint of another world size keeps its global batch: accumulation makes it up
+    if args.do_train:
         args.gradient_accumulation_steps = accumulation_to_resume(
             find_resume_checkpoint(args), args.per_device_train_batch_size, args.gradient_accumulation_steps,
             args.world_size)
