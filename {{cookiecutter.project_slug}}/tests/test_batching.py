@@ -123,9 +123,9 @@ def train_batches(count: int, world_size: int, rank: int = 0, **flags):
 def test_plan_counts_a_short_last_accumulation_window_as_a_step() -> None:
     # 100 examples over 2 ranks: 50 each, 13 micro-batches of 4 (the last holds 2); 13 / 3 -> 5 steps.
     _, loader, plan = train_batches(100, 2, gradient_accumulation_steps=3, num_train_epochs=2)
-    assert len(loader) == plan.micro_batches_per_epoch == 13
+    assert len(loader) == 13
     assert (plan.steps_per_epoch, plan.total_steps) == (5, 10)
-    assert plan.global_batch_size == BATCH * 3 * 2
+    assert plan.as_dict()["global_batch_size"] == BATCH * 3 * 2
     assert train_batches(100, 2, gradient_accumulation_steps=3, max_steps=7)[2].total_steps == 7  # wins over epochs
 
 

@@ -136,17 +136,11 @@ class BatchPlan:
     accumulation_steps: int
     world_size: int
     train_size: int
-    micro_batches_per_epoch: int  # per rank
     steps_per_epoch: int
     total_steps: int
 
-    @property
-    def global_batch_size(self) -> int:
-        return self.per_device_batch_size * self.accumulation_steps * self.world_size
-
     def as_dict(self) -> dict[str, int]:
-        """Saved in checkpoints. A resumed run must have the same global batch, train size and steps
-        per epoch; how the global batch is split (processes x batch x accumulation) may differ."""
+        """batch_plan.json in each checkpoint, which a resume checks (Checkpointer.load)."""
         split = batch_split(self.world_size, self.per_device_batch_size, self.accumulation_steps)
         return split | {"train_size": self.train_size, "steps_per_epoch": self.steps_per_epoch}
 
@@ -165,8 +159,8 @@ def build_train_batches(
     # At least one full step (check_batch_fits); a last one with fewer micro-batches is still taken.
     steps_per_epoch = math.ceil(len(loader) / accumulation)
     total_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
-    plan = BatchPlan(per_device, accumulation, world_size, len(train_set), len(loader), steps_per_epoch,
-                     total_steps)
+    plan = BatchPlan(per_device, accumulation, world_size, len(train_set), steps_per_epoch, total_steps)
     logger.info("%d steps of %d examples (%d per device x %d accumulation x %d processes), %d steps per epoch",
-                total_steps, plan.global_batch_size, per_device, accumulation, world_size, steps_per_epoch)
+                total_steps, per_device * accumulation * world_size, per_device, accumulation, world_size,
+                steps_per_epoch)
     return sampler, loader, plan

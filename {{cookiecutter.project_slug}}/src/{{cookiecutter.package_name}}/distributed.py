@@ -27,8 +27,7 @@ from .torchrun import TorchrunEnv
 
 def start_distributed(settings: DeviceSettings, timeout_seconds: int,
                       several_gpus: str = "refuse") -> torch.device:
-    """The run's setup: pin this rank's device, then join torchrun's process group (when WORLD_SIZE > 1 and
-    it is not joined yet). Logged first, so that a hang in joining shows what it waited for."""
+    """Pin this rank's device and join torchrun's group, logged first: a hang shows what it waited for."""
     device, world_size = select_device(settings.use_cpu, several_gpus), TorchrunEnv.read().world_size
     logging.getLogger(__package__).info("world size %d, device %s, backend %s, precision %s", world_size,
                                         device, settings.ddp_backend, settings.precision)

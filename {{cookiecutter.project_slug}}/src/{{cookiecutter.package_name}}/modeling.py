@@ -75,10 +75,9 @@ def pad_on_the_right(tokenizer: PreTrainedTokenizerBase, name: str) -> None:
 
 def load_model(model_args: ModelArguments, task: Task, tokenizer: PreTrainedTokenizerBase | None = None,
                freeze_unused: bool = False) -> PreTrainedModel:
-    """A sequence classifier in fp32, one output per class (one for regression), with the task in its
-    config (Task.as_config). A tokenizer's pad token becomes the config's: a decoder's head reads each row's
-    logits at its last non-pad token, and without a pad token refuses batches of two rows or more.
-    freeze_unused (with a tokenizer) freezes the parameters the forward never uses."""
+    """A sequence classifier, one output per class (one for regression), with the task in its config
+    (Task.as_config). A tokenizer's pad token becomes the config's: a decoder's head reads each row's logits
+    at its last non-pad token, and without a pad token refuses batches of two rows or more."""
     name, labels = model_args.model_name_or_path, dict(enumerate(task.label_names))
     config = from_pretrained(
         AutoConfig, name, num_labels=task.num_labels, **hub_options(model_args),

@@ -51,7 +51,6 @@ def parallelize(module: torch.nn.Module, args: TrainingArguments, env: TorchrunE
 
 
 def grad_scaler(model: torch.nn.Module, precision: str) -> torch.amp.GradScaler | None:
-    """fp16 only: loss scaling keeps small gradients from flushing to zero."""
     return torch.amp.GradScaler("cuda") if precision == "fp16" else None
 
 
@@ -61,9 +60,7 @@ def autocast_precision(model: torch.nn.Module, precision: str) -> str:
 
 
 def gradient_sync(model: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
-    """Around one micro-step's forward and backward. DDP all-reduces gradients during backward; between
-    micro-steps that is wasted traffic, so it is off (no_sync) but on the last, whose backward averages the
-    accumulated sum."""
+    """Around one micro-step's forward and backward: DDP's all-reduce, off (no_sync) but on the last."""
     if isinstance(model, DistributedDataParallel) and not last:
         return model.no_sync()
     return contextlib.nullcontext()

@@ -91,8 +91,7 @@ def wrap_in_ddp(module: torch.nn.Module, args: TrainingArguments, env: TorchrunE
 
 
 def shard_model(model: torch.nn.Module, device: torch.device, world_size: int, precision: str) -> torch.nn.Module:
-    """fully_shard each transformer block, then the root (so that one block at a time is gathered whole),
-    over all ranks; returns the model, sharded in place.
+    """fully_shard each transformer block, then the root: one block at a time is gathered whole.
 
     Mixed precision is FSDP's own: each block is gathered and computes in bf16 or fp16 (param_dtype), its
     gradients are reduced in fp32 (reduce_dtype), and the shards AdamW steps stay fp32. autocast is not

@@ -74,9 +74,8 @@ def parallelize(model: torch.nn.Module, args: TrainingArguments) -> TrainerCallb
 
 def shard_blocks_of(model: torch.nn.Module, args: TrainingArguments) -> None:
     """--fsdp: name the model's transformer block class (transformer_blocks) to accelerate's FSDP2 auto-wrap,
-    so that each block is sharded and gathered on its own, then the root. Its default, the model's
-    _no_split_modules, is empty for DistilBERT, ELECTRA and DeBERTa-v2: the whole model would be one unit,
-    gathered whole in every forward. A class --fsdp_config names wins."""
+    so that each block is sharded and gathered on its own, then the root, not the whole model as one unit
+    (where _no_split_modules is empty). A class --fsdp_config names wins."""
     name = type(transformer_blocks(model)[0]).__name__
     args.fsdp_plugin_args.setdefault("transformer_cls_names_to_wrap", name)
 

@@ -24,9 +24,7 @@ logger = logging.getLogger(f"{__package__}.train")  # the lines belong to the tr
 def write_results(args, metrics: dict, history: list[dict], is_main_process: bool, model: PreTrainedModel,
                   tokenizer: PreTrainedTokenizerBase, task: Task, test_file: str | None, device: torch.device,
                   precision: str, num_proc: int | None = None) -> None:
-    """Every rank calls it, with the loop's TrainingArguments (output_dir, do_train, do_predict,
-    per_device_eval_batch_size), the run's metrics and its log history; num_proc tokenises --test_file
-    (--preprocessing_num_workers)."""
+    """Every rank calls it, with the loop's TrainingArguments; num_proc is --preprocessing_num_workers."""
     if args.do_predict:
         output_file = str(Path(args.output_dir, "predictions" + Path(test_file).suffix))
         predict_file(model, tokenizer, task, test_file, output_file, args.per_device_eval_batch_size, device,

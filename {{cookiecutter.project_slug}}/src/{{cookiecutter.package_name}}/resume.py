@@ -71,8 +71,7 @@ def accumulation_to_resume(checkpoint: Path | None, per_device_batch_size: int, 
                            world_size: int) -> int:
     """Gradient accumulation that keeps the global batch of `checkpoint` (None: a new run) on world_size
     processes. A job stopped on 8 GPUs often comes back on 4: accumulating twice as many micro-batches
-    keeps every optimizer step the same. A global batch these numbers cannot make, or another global
-    batch on the same world size, is refused."""
+    keeps every optimizer step the same."""
     saved = read_batch_plan(checkpoint)
     if saved is None:
         return accumulation_steps

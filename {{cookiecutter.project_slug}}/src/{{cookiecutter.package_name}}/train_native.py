@@ -250,8 +250,7 @@ def train_and_evaluate(job: Job) -> dict[str, float]:
 
 
 def save_final_model(job: Job) -> None:
-    """The final model in output_dir itself, as the Trainer variant leaves it: a plain save_pretrained
-    folder that predict and pipeline() load, its weights as parallel.final_weights gives them."""
+    """The final model in output_dir itself (as the Trainer leaves it), for predict and pipeline()."""
     weights = final_weights(job.module)
     if job.env.is_main_process:
         job.module.save_pretrained(job.args.output_dir, state_dict=weights)  # None: the model's own

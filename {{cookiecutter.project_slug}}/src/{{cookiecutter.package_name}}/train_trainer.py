@@ -1,10 +1,8 @@
 """Fine-tune a sequence classifier with the Hugging Face Trainer, on one process or under torchrun.
 
-The run, top to bottom: parse the config and flags; pin this rank's GPU and start the process
-group; check that torchrun's ranks really share gradients; load and tokenise the data;
-load the model; train (evaluating as --eval_strategy says), resuming from the newest checkpoint; evaluate
-the final model over exactly the eval set; with --do_predict, predict --test_file (predict.py); write
-metrics.json.
+The run, top to bottom: pin this rank's GPU and join the process group, checking that the ranks really
+share gradients; load and tokenise the data; load the model; train, resuming from the newest checkpoint;
+evaluate over exactly the eval set; predict (--do_predict); write metrics.json.
 """
 
 from __future__ import annotations
@@ -74,15 +72,11 @@ warnings.filterwarnings("ignore", r"`broadcast_buffers` is deprecated", FutureWa
 
 def main(argv: list[str] | None = None) -> None:
     with exit_on_config_error():
-        trainer = run(*parse_args(TrainingArguments, argv))
+        model_args, data_args, args = parse_args(TrainingArguments, argv)
+        prepare_run(args)
+        trainer = build_trainer(model_args, data_args, args)
+        train_and_evaluate(trainer, args, data_args.test_file, data_args.preprocessing_num_workers)
     release(trainer)
-
-
-def run(model_args: ModelArguments, data_args: DataArguments, args: TrainingArguments) -> Trainer:
-    prepare_run(args)
-    trainer = build_trainer(model_args, data_args, args)
-    train_and_evaluate(trainer, args, data_args.test_file, data_args.preprocessing_num_workers)
-    return trainer
 
 
 def prepare_run(args: TrainingArguments) -> None:
@@ -98,7 +92,7 @@ def prepare_run(args: TrainingArguments) -> None:
     configure_trackers(args.report_to, args.output_dir, args.process_index == 0)  # before the Trainer is built
     #% endif
     set_seed(args.seed)
-    if args.do_train:  # a checkpoint of another world size keeps its global batch: accumulation makes it up
+    if args.do_train:
         args.gradient_accumulation_steps = accumulation_to_resume(
             find_resume_checkpoint(args), args.per_device_train_batch_size, args.gradient_accumulation_steps,
             args.world_size)
@@ -305,7 +299,6 @@ def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: Tr
 
 
 def find_resume_checkpoint(args: TrainingArguments) -> Path | None:
-    """--resume_from_checkpoint, else the newest complete checkpoint-N in output_dir; the same on every rank."""
     return agree_on_resume_checkpoint(args.resume_from_checkpoint, args.output_dir, CHECKPOINT_LAST_FILE)
 
 
@@ -351,7 +344,6 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
         # distributed sampler repeats to even out the ranks: every example counts exactly once.
         metrics.update(trainer.evaluate())
         metrics.update(trainer.compute_metrics.tables)
-    # Each rank predicts its own share of the rows, in its own number of batches, on whole weights.
     with whole_weights(trainer.model) if args.do_predict else contextlib.nullcontext():
         write_results(args, metrics, trainer.state.log_history, trainer.is_world_process_zero(), trainer.model,
                       trainer.processing_class, trainer.compute_metrics.task, test_file, args.device,
