@@ -1,8 +1,6 @@
 """Fast in-process tests of the task types (sentence pairs, single-label, multi-label, regression) and predict.py.
 
-Sections follow the modules: config (the new data flags), data (deciding the task, tokenising pairs,
-encoding labels), metrics, modeling (the task recorded in the model's config) and predict. No
-torchrun: the model and tokenizer are the tiny offline ones from smoke.py, data is built in memory or
+No torchrun: the model and tokenizer are the tiny offline ones from smoke.py, data is built in memory or
 written into tmp_path.
 """
 
@@ -19,6 +17,7 @@ import pytest
 import torch
 from conftest import PACKAGE, REQUIRED, in_memory, names_from, package_module, parse_args
 from datasets import ClassLabel, Dataset, DatasetDict, Features, List, Value
+from scipy.special import expit, softmax
 from scipy.stats import pearsonr, spearmanr
 from transformers import AutoConfig
 
@@ -170,7 +169,7 @@ def test_pair_truncation_cuts_the_longer_text_first_and_flags_exactly_the_rows_i
     assert (exact["length"], exact["truncated"]) == ([7], [False])  # fits exactly: not cut
 
 
-def test_labels_are_encoded_for_each_problem_type() -> None:
+def test_labels_are_encoded_as_floats_for_regression_and_multi_hot_rows_for_multi_label() -> None:
     tokenizer = smoke.build_tokenizer()
     floats = tokenize_datasets(in_memory([0.5, 4.25], [3.0]), tokenizer, Task(REGRESSION, []))
     assert floats["train"]["labels"] == [0.5, 4.25]
@@ -182,8 +181,6 @@ def test_labels_are_encoded_for_each_problem_type() -> None:
     multi_hot = tokenize_datasets(in_memory(["sports | food", "", "music"], ["food"]), tokenizer, delimited)
     assert multi_hot["train"]["labels"] == [[1.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
     assert multi_hot["train"].features["labels"] == List(Value("float64"))  # BCE loss takes float rows
-    single = tokenize_datasets(in_memory(["b", "a", "c"], ["c"]), tokenizer, Task(SINGLE, ["a", "b", "c"]))
-    assert single["train"]["labels"] == [1, 0, 2]
 
 
 def test_labels_are_encoded_only_for_the_train_and_validation_splits() -> None:
@@ -246,24 +243,15 @@ def test_a_missing_text_pair_column_is_refused_naming_the_split(tmp_path: Path) 
 
 # ---- metrics -----------------------------------------------------------------------------------
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return shifted / shifted.sum(axis=-1, keepdims=True)
-
-
-def sigmoid(logits: np.ndarray) -> np.ndarray:
-    return 1 / (1 + np.exp(-logits))
-
-
 def test_predict_from_logits_gives_each_problem_types_predictions_and_scores() -> None:
     logits = np.array([[2.0, 0.0, -1.0], [0.0, 3.0, 0.5]])
     predictions, scores = predict_from_logits(logits, SINGLE)
     assert predictions.tolist() == [0, 1]
-    np.testing.assert_allclose(scores, softmax(logits).max(axis=1))
+    np.testing.assert_allclose(scores, softmax(logits, axis=1).max(axis=1))
     multi = np.array([[2.0, -2.0, 0.0], [0.5, 1.0, -0.1]])
     predictions, scores = predict_from_logits(multi, MULTI)
     assert predictions.tolist() == [[1, 0, 0], [1, 1, 0]]  # sigmoid(0) = 0.5 is not above 0.5
-    np.testing.assert_allclose(scores, sigmoid(multi))
+    np.testing.assert_allclose(scores, expit(multi))
     assert predict_from_logits(multi, MULTI, threshold=0.7)[0].tolist() == [[1, 0, 0], [0, 1, 0]]
     values, scores = predict_from_logits(np.array([[1.5], [-0.25]]), REGRESSION)
     assert values.tolist() == scores.tolist() == [1.5, -0.25]
@@ -387,12 +375,12 @@ def test_prediction_columns_for_each_problem_type() -> None:
     single = prediction_columns(logits, Task(SINGLE, ["x", "y", "z"]))
     assert list(single) == ["prediction", "score"]
     assert single["prediction"] == ["x", "y"]
-    assert single["score"] == pytest.approx(softmax(logits).max(axis=1).tolist())
+    assert single["score"] == pytest.approx(softmax(logits, axis=1).max(axis=1).tolist())
     multi = prediction_columns(np.array([[2.0, -2.0, 0.1], [-1.0, -1.0, -1.0]]),
                                Task(MULTI, ["x", "y", "z"], multi_label_threshold=0.5))
     assert list(multi) == ["prediction", "score_x", "score_y", "score_z"]
     assert multi["prediction"] == [["x", "z"], []]
-    assert multi["score_x"] == pytest.approx([sigmoid(2.0), sigmoid(-1.0)])
+    assert multi["score_x"] == pytest.approx([expit(2.0), expit(-1.0)])
     stricter = prediction_columns(np.array([[2.0, -2.0, 0.1]]), Task(MULTI, ["x", "y", "z"], multi_label_threshold=0.8))
     assert stricter["prediction"] == [["x"]]
     assert prediction_columns(np.array([[1.5], [-0.25]]), Task(REGRESSION, [])) == {"prediction": [1.5, -0.25]}
@@ -479,19 +467,18 @@ def test_predict_file_predicts_every_row_in_input_order_as_the_model_does_one_by
     assert len({round(row["score"], 6) for row in written}) == 5  # distinct rows: a mixed-up order would show
 
 
-def test_predict_file_refuses_a_row_without_text_naming_it(smoke_assets: Path, tmp_path: Path) -> None:
-    task = Task(SINGLE, ["negative", "positive"])
-    input_file = write_jsonl(tmp_path / "rows.jsonl", [dict(text="good"), dict(text="fun"), dict(text="")])
-    with pytest.raises(ConfigError, match=r"^row 2 of the input data \(0-based\) has no text in column 'text'$"):
+@pytest.mark.parametrize(("pair_column", "rows", "message"), [
+    (None, [dict(text="good"), dict(text="fun"), dict(text="")],
+     r"^row 2 of the input data \(0-based\) has no text in column 'text'$"),
+    ("second", [dict(text="good", label="same")],
+     "^--text_pair_column 'second' is not a column of {input_file}; columns are: text, label$"),
+], ids=["row-without-text", "input-without-the-pair-column"])
+def test_predict_file_refuses_a_row_without_text_or_an_input_without_the_models_pair_column(
+    smoke_assets: Path, tmp_path: Path, pair_column: str | None, rows: list[dict], message: str
+) -> None:
+    task = Task(SINGLE, ["different", "same"], text_pair_column=pair_column)
+    input_file = write_jsonl(tmp_path / "rows.jsonl", rows)
+    with pytest.raises(ConfigError, match=message.format(input_file=input_file)):
         predict_file(tiny_model(smoke_assets, task), smoke.build_tokenizer(), task, input_file,
                      str(tmp_path / "out.csv"), batch_size=4, device=torch.device("cpu"))
     assert not (tmp_path / "out.csv").exists()
-
-
-def test_predict_file_refuses_an_input_without_the_models_pair_column(smoke_assets: Path, tmp_path: Path) -> None:
-    task = Task(SINGLE, ["different", "same"], text_pair_column="second")
-    input_file = write_jsonl(tmp_path / "rows.jsonl", [dict(text="good", label="same")])
-    with pytest.raises(ConfigError, match=f"^--text_pair_column 'second' is not a column of {input_file}; "
-                                          "columns are: text, label$"):
-        predict_file(tiny_model(smoke_assets, task), smoke.build_tokenizer(), task, input_file,
-                     str(tmp_path / "out.csv"), batch_size=4, device=torch.device("cpu"))
