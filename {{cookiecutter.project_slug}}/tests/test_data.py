@@ -24,15 +24,12 @@ ConfigError = names_from("config", "ConfigError")
     "tokenize_datasets", "warn_of_unknown_tokens"
 )
 smoke = package_module("smoke")
+example_rows = smoke.synthetic_examples
 
 pytestmark = pytest.mark.usefixtures("isolated_process")  # offline, one process, no state left behind
 
 
 # ---- loading local files -----------------------------------------------------------------------
-
-def example_rows(count: int, seed: int) -> list[dict]:
-    return smoke.synthetic_examples(count, seed)
-
 
 def write_rows(path: Path, rows: list[dict]) -> Path:
     if path.suffix == ".csv":
@@ -74,28 +71,24 @@ def test_without_a_validation_file_a_seeded_share_of_train_is_held_out(tmp_path:
     assert again["validation"]["text"] == raw["validation"]["text"]  # same seed, same split on every rank
 
 
-@pytest.mark.parametrize(("option", "flag"), [("text_column", "--text_column"), ("label_column", "--label_column")])
-def test_missing_column_is_refused_naming_the_flag_and_the_columns(tmp_path: Path, option: str, flag: str) -> None:
+NOT_A_COLUMN = "'sentence' is not a column of the train split; columns are: text, label"
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(text_column="sentence"), f"--text_column {NOT_A_COLUMN}"),
+    (dict(label_column="sentence"), f"--label_column {NOT_A_COLUMN}"),
+    (dict(validation_file="{tmp}/dev.jsonl"), "--validation_file '{tmp}/dev.jsonl' not found"),
+    (dict(train_file="{tmp}/dev.jsonl"), "--train_file '{tmp}/dev.jsonl' not found"),
+    (dict(train_file="{tmp}/broken.json"), "could not read {tmp}/broken.json as json"),
+], ids=["text-column", "label-column", "missing-validation-file", "missing-train-file", "malformed-file"])
+def test_a_missing_column_or_file_or_a_malformed_file_is_refused_by_name(
+    tmp_path: Path, options: dict, message: str
+) -> None:
     train_file = str(write_rows(tmp_path / "train.csv", example_rows(20, seed=1)))
-    with pytest.raises(ConfigError, match=f"{flag} 'sentence' is not a column of the train split; "
-                                          "columns are: text, label"):
-        load(tmp_path, train_file=train_file, **{option: "sentence"})
-
-
-def test_missing_file_is_refused_by_name(tmp_path: Path) -> None:
-    train_file = str(write_rows(tmp_path / "train.jsonl", example_rows(10, seed=1)))
-    missing = str(tmp_path / "dev.jsonl")
-    with pytest.raises(ConfigError, match=f"--validation_file '{missing}' not found"):
-        load(tmp_path, train_file=train_file, validation_file=missing)
-    with pytest.raises(ConfigError, match=f"--train_file '{missing}' not found"):
-        load(tmp_path, train_file=missing)
-
-
-def test_malformed_file_is_refused(tmp_path: Path) -> None:
-    broken = tmp_path / "train.json"
-    broken.write_text('{"text": "good film", "label": 1}\n{"text": oops\n')
-    with pytest.raises(ConfigError, match=f"could not read {broken} as json"):
-        load(tmp_path, train_file=str(broken))
+    (tmp_path / "broken.json").write_text('{"text": "good film", "label": 1}\n{"text": oops\n')
+    options = {name: value.format(tmp=tmp_path) for name, value in options.items()}
+    with pytest.raises(ConfigError, match=message.format(tmp=tmp_path)):
+        load(tmp_path, **{"train_file": train_file, **options})
 
 
 def test_max_train_and_eval_samples_keep_the_first_examples(tmp_path: Path) -> None:
@@ -126,16 +119,15 @@ def test_class_label_names_keep_their_order() -> None:
     assert label_names(raw, "label") == ["pos", "neg", "neutral"]
 
 
-def test_validation_labels_unseen_in_train_are_refused() -> None:
-    raw = in_memory(["neg", "pos"], ["pos", "meh", "awful"])
-    with pytest.raises(ConfigError, match=r"validation has labels not seen in train: \['awful', 'meh'\]"):
-        label_names(raw, "label")
-
-
-def test_empty_train_labels_are_refused() -> None:
-    raw = in_memory(["neg", None], ["neg"])
-    with pytest.raises(ConfigError, match="has empty values in the train split"):
-        label_names(raw, "label")
+@pytest.mark.parametrize(("train", "validation", "message"), [
+    (["neg", "pos"], ["pos", "meh", "awful"], r"validation has labels not seen in train: \['awful', 'meh'\]"),
+    (["neg", None], ["neg"], "has empty values in the train split"),
+], ids=["unseen-in-train", "empty-in-train"])
+def test_validation_labels_unseen_in_train_and_empty_train_labels_are_refused(
+    train: list, validation: list, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        label_names(in_memory(train, validation), "label")
 
 
 def tokenized(raw: DatasetDict, max_seq_length: int = 512) -> tuple[DatasetDict, list[str]]:
@@ -224,7 +216,6 @@ def test_collator_pads_to_a_multiple_of_8_only_under_mixed_precision() -> None:
 
 
 # ---- steps of similar length (--train_sampling_strategy group_by_length, both loops) --------------
-
 
 def grouped(lengths: list[int], step: int, epoch: int = 0) -> list[list[int]]:
     generator = torch.Generator().manual_seed(epoch)
