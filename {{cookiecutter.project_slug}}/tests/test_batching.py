@@ -41,7 +41,6 @@ def shards(lengths: list[int], world_size: int, epoch: int = 0, seed: int = 1, *
 
 # ---- the length-grouped distributed sampler ----------------------------------------------------
 
-
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_length_grouped_shards_partition_the_data_when_divisible(world_size: int) -> None:
     lengths = lognormal_lengths(48)  # 48 is divisible by 1, 2, 3 and 4
@@ -89,7 +88,6 @@ def test_sampler_refuses_a_rank_outside_the_world() -> None:
 
 # ---- resuming part-way through an epoch --------------------------------------------------------
 
-
 def test_resumable_sampler_starts_the_epoch_after_the_examples_already_trained_on() -> None:
     lengths = lognormal_lengths(103)
     sampler = batching.ResumableSampler(DistributedLengthGroupedSampler(lengths, BATCH, num_replicas=2, rank=1,
@@ -104,7 +102,6 @@ def test_resumable_sampler_starts_the_epoch_after_the_examples_already_trained_o
 
 
 # ---- the train sampler, loader and batch plan --------------------------------------------------
-
 
 def train_set(count: int) -> Dataset:
     return Dataset.from_dict(dict(length=lognormal_lengths(count)))

@@ -1,5 +1,5 @@
 """The doctor prints one line per check and exits 1 on a failure that would stop training, 2 on a
-command line train refuses; the launch scripts' help names it.
+command line train refuses. The launch scripts' help names it (test_scripts.py).
 
 The healthy run is two local nodes through train_multi_node.sh (MODULE=<package>.doctor, c10d), the
 way a cluster user runs it. The failures run in one process: an output_dir under a regular file (the
@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 from conftest import PACKAGE, REPO_ROOT, finish, free_port, run_env, run_python, smoke_flags, start
-from test_scripts import LAUNCH_SCRIPTS, Launcher
 
 slow = pytest.mark.slow  # real launches: `make test-all`
 
@@ -103,12 +102,3 @@ def test_a_setting_train_refuses_is_its_error_line_and_status_2(smoke_assets: Pa
     assert result.returncode == 2
     assert result.stderr.startswith("error: --max_seq_length 0: must be >= 1"), result.stderr
     assert check_lines(result.stdout) == {}
-
-
-@pytest.mark.parametrize("script", LAUNCH_SCRIPTS)
-def test_launch_scripts_help_names_the_doctor_as_a_module(script: str, tmp_path: Path) -> None:
-    launcher = Launcher(tmp_path)
-    result = launcher.run(script, "--help")
-    assert result.returncode == 0, result.stderr
-    assert f"{DOCTOR} checks the set-up" in result.stdout
-    assert launcher.calls() == []

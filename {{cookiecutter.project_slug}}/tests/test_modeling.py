@@ -94,7 +94,6 @@ def test_missing_smoke_assets_message_says_how_to_create_them(tmp_path: Path, mo
 
 # ---- parameters the forward never uses --------------------------------------------------------
 
-
 def frozen(model: torch.nn.Module) -> set[str]:
     return {name for name, parameter in model.named_parameters() if not parameter.requires_grad}
 

@@ -142,6 +142,9 @@ def test_help_lists_the_environment_and_starts_nothing(launcher: Launcher, scrip
     for word in ["NPROC_PER_NODE", "MAX_RESTARTS", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "OMP_NUM_THREADS",
                  "PYTHON", "PREFLIGHT", "MODULE"]:
         assert word in result.stdout, f"{word} missing from {script} {flag}"
+#% if cookiecutter.include_doctor
+    assert f"{PACKAGE}.doctor checks the set-up" in result.stdout  # MODULE's other module
+#% endif
     assert launcher.calls() == []
 
 
