@@ -34,7 +34,6 @@ IS_NATIVE = (REPO_ROOT / "src" / PACKAGE / "checkpoint.py").is_file()  # the nat
 
 
 def package_module(name: str):
-    """Import <package>.<name>, e.g. package_module("train")."""
     return importlib.import_module(f"{PACKAGE}.{name}")
 
 
@@ -111,7 +110,6 @@ def in_memory(train_labels: list, validation_labels: list, features: Features | 
 
 
 def task_of(*names: str, **inputs) -> object:
-    """A single-label Task over these label names (data.Task)."""
     return package_module("data").Task("single_label_classification", list(names), **inputs)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import PACKAGE, REPO_ROOT, finish, free_port, run_env, run_python, smoke_flags, start
 
-slow = pytest.mark.slow  # real launches: `make test-all`
+pytestmark = pytest.mark.slow  # real launches: `make test-all`
 
 DOCTOR = f"{PACKAGE}.doctor"
 LINE = re.compile(r"^(PASS|WARN|FAIL|SKIP)  (.+?)(?: \(node (\d+), [^)]*\))?: (.*)$", re.MULTILINE)
@@ -55,7 +55,6 @@ def two_nodes(smoke_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> d
             "log": "\n".join(result.stdout + result.stderr for result in results)}
 
 
-@slow
 def test_healthy_two_node_run_prints_each_nodes_gpus_then_the_ranks_compared(two_nodes: dict) -> None:
     assert two_nodes["returncodes"] == [0, 0], two_nodes["log"][-4000:]
     statuses = {key: status for key, (status, _) in two_nodes["lines"].items()}
@@ -65,7 +64,6 @@ def test_healthy_two_node_run_prints_each_nodes_gpus_then_the_ranks_compared(two
     assert two_nodes["output"].count("doctor: 0 failed, 2 warning(s): ready to train") == 1
 
 
-@slow
 def test_backend_reports_the_store_all_reduce_round_trip_and_bandwidth(two_nodes: dict) -> None:
     _, backend = two_nodes["lines"]["backend", ""]
     match = re.search(r"^gloo started in [\d.e-]+ s on 2 ranks, all connected to the store at \S+:\d+; "
@@ -76,14 +74,12 @@ def test_backend_reports_the_store_all_reduce_round_trip_and_bandwidth(two_nodes
     assert 0 < round_trip < large and bandwidth > 0
 
 
-@slow
 def test_output_dir_is_seen_by_all_ranks_and_left_clean(two_nodes: dict) -> None:
     assert two_nodes["lines"]["output_dir", ""][1].endswith("all 2 ranks see each other's files in it")
     assert two_nodes["lines"]["same versions", ""][1].startswith("all 2 ranks run torch ")
     assert list(two_nodes["output_dir"].iterdir()) == [], "the doctor left its files behind"
 
 
-@slow
 def test_unwritable_output_dir_fails_and_names_it(smoke_assets: Path, tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("a file where output_dir needs a folder\n")
@@ -96,7 +92,6 @@ def test_unwritable_output_dir_fails_and_names_it(smoke_assets: Path, tmp_path: 
     assert "doctor: 1 failed" in result.stdout
 
 
-@slow
 def test_a_setting_train_refuses_is_its_error_line_and_status_2(smoke_assets: Path, tmp_path: Path) -> None:
     result = run_alone([*smoke_flags(smoke_assets, tmp_path), "--max_seq_length", "0"])
     assert result.returncode == 2

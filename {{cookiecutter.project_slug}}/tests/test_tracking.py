@@ -17,7 +17,7 @@ trackers = package_module("trackers")
 TRACKER_ENV_PREFIXES = ("WANDB_", "MLFLOW_", "TENSORBOARD_")
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def tracker_free_environ():
     """os.environ without the trackers' variables during the test, as it was after it."""
     saved = dict(os.environ)
@@ -29,7 +29,6 @@ def tracker_free_environ():
     os.environ.update(saved)
 
 
-@pytest.mark.usefixtures("tracker_free_environ")
 def test_other_ranks_write_nothing_and_start_no_tracker(tmp_path: Path) -> None:
     output_dir = tmp_path / "out"
     settings = {tracker: tracking.tracker_settings(tracker, str(output_dir), is_main_process=False)
@@ -45,7 +44,6 @@ def test_other_ranks_write_nothing_and_start_no_tracker(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.usefixtures("tracker_free_environ")
 def test_settings_you_made_win_over_the_offline_defaults(tmp_path: Path) -> None:
     os.environ.update(WANDB_MODE="online", WANDB_PROJECT="mine", WANDB_RUN_ID="given",
                       TENSORBOARD_LOGGING_DIR=str(tmp_path / "board"))
@@ -57,7 +55,6 @@ def test_settings_you_made_win_over_the_offline_defaults(tmp_path: Path) -> None
     assert not (tmp_path / "out" / tracking.RUN_FILE).exists()  # nothing recorded: your run id is used as given
 
 
-@pytest.mark.usefixtures("tracker_free_environ")
 def test_rank_0_records_a_run_id_that_the_next_run_of_the_output_dir_continues(tmp_path: Path) -> None:
     first = tracking.tracker_settings("wandb", str(tmp_path), is_main_process=True)
     assert (first["WANDB_DIR"], first["WANDB_RESUME"]) == (str(tmp_path.resolve()), "allow")

@@ -147,7 +147,6 @@ def test_fractional_intervals_below_one_are_accepted() -> None:
 
 @pytest.mark.usefixtures("isolated_process")
 def test_contradictory_precision_flags_are_refused_before_any_process_group_starts() -> None:
-    """The native loop resolves precision when the run starts, per process, not while parsing."""
     args = parse("--use_cpu", "true", "--fp16", "true", "--bf16", "true")
     with pytest.raises(ConfigError, match="--fp16 and --bf16"):
         package_module("train").setup_distributed(args)
