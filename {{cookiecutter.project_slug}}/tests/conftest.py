@@ -169,8 +169,8 @@ def finish(process: subprocess.Popen, timeout: int = 300) -> subprocess.Complete
 
 def torchrun(args: list[str], nproc: int = 2, timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess:
     """`torchrun --standalone --nproc_per_node=N <script | -m module> args`, as a plain command."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
-    result = finish(start(command, run_env()), timeout)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    result = finish(start([*command, *args], run_env()), timeout)
     if check and result.returncode != 0:
         pytest.fail(f"torchrun exited {result.returncode}:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
     return result

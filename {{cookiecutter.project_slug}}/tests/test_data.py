@@ -148,16 +148,13 @@ def test_tokenize_maps_labels_to_ids_in_label_names_order() -> None:
     assert class_labels["train"]["labels"] == [1, 0, 1]
 
 
-def test_tokenize_keeps_only_model_inputs_and_records_each_length() -> None:
+def test_tokenize_keeps_only_model_inputs_records_each_length_and_truncates_at_max_seq_length() -> None:
     data, _ = tokenized(in_memory(["a", "b", "a", "b", "a"], ["a"]))
     assert sorted(data["train"].column_names) == [
         "attention_mask", "input_ids", "labels", "length", "token_type_ids", "truncated"]
     # "good" x (i % 5 + 1) plus [CLS] and [SEP].
     assert data["train"]["length"] == [3, 4, 5, 6, 7]
     assert data["train"]["length"] == [len(ids) for ids in data["train"]["input_ids"]]
-
-
-def test_tokenize_truncates_at_max_seq_length() -> None:
     tokenizer = smoke.build_tokenizer()
     data, _ = tokenized(in_memory(["a", "b", "a", "b", "a"], ["a"]), max_seq_length=5)
     assert data["train"]["length"] == [3, 4, 5, 5, 5]
@@ -196,7 +193,7 @@ def features_of_lengths(*lengths: int) -> list[dict]:
     ]
 
 
-def test_collator_drops_helper_columns_and_pads_to_the_longest_in_the_batch() -> None:
+def test_collator_drops_helper_columns_and_pads_to_the_longest_in_the_batch_or_a_multiple_of_8() -> None:
     tokenizer = smoke.build_tokenizer()
     batch = build_collator(tokenizer, mixed_precision=False)(features_of_lengths(4, 10, 6))
     assert sorted(batch) == ["attention_mask", "input_ids", "labels", "token_type_ids"]
@@ -206,10 +203,6 @@ def test_collator_drops_helper_columns_and_pads_to_the_longest_in_the_batch() ->
     assert batch["labels"].tolist() == [0, 1, 0]
     short = build_collator(tokenizer, mixed_precision=False)(features_of_lengths(4, 5))
     assert short["input_ids"].shape == (2, 5)  # dynamic: this batch's longest, not max_seq_length
-
-
-def test_collator_pads_to_a_multiple_of_8_only_under_mixed_precision() -> None:
-    tokenizer = smoke.build_tokenizer()
     assert build_collator(tokenizer, mixed_precision=True)(features_of_lengths(4, 10))["input_ids"].shape == (2, 16)
     assert build_collator(tokenizer, mixed_precision=True)(features_of_lengths(4, 16))["input_ids"].shape == (2, 16)
     assert build_collator(tokenizer, mixed_precision=False)(features_of_lengths(4, 10))["input_ids"].shape == (2, 10)

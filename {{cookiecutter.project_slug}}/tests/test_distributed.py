@@ -112,23 +112,18 @@ def test_unaveraged_gradients_without_a_missing_one_name_the_other_causes(monkey
         check_gradients_against(monkeypatch, model, lambda sums: sums + torch.tensor([0.0, 1.0], dtype=sums.dtype))
 
 
-def test_use_cpu_wins_over_an_available_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    settings = resolve_device_settings("auto", use_cpu=True, **GPU)
-    assert (settings.use_cpu, settings.ddp_backend, settings.precision) == (True, "gloo", "no")
-
-
 @pytest.mark.parametrize(("mixed_precision", "options", "message"), [
     ("auto", dict(bf16=True, cuda_available=True, bf16_supported=False),
      r"^--mixed_precision bf16: this GPU has no native bf16 .* use --mixed_precision fp16 or auto$"),
-    ("auto", dict(fp16=True, cuda_available=False), r"--mixed_precision fp16 needs a CUDA GPU.*--mixed_precision no"),
-    ("fp16", dict(use_cpu=True, **GPU), "--mixed_precision fp16 needs a CUDA GPU"),  # --use_cpu on a GPU: CPU too
+    ("auto", dict(fp16=True, cuda_available=False),
+     r"--mixed_precision fp16 needs a CUDA GPU.*--mixed_precision no"),
+    ("fp16", dict(use_cpu=True, **GPU), "--mixed_precision fp16 needs a CUDA GPU"),  # --use_cpu on a GPU
     ("auto", dict(fp16=True, bf16=True, **GPU), "--fp16 and --bf16 are both set"),
     ("bf16", dict(fp16=True, **GPU), "--fp16 contradicts --mixed_precision bf16"),
     ("no", dict(fp16=True, **GPU), "--fp16 contradicts --mixed_precision no"),
     ("fp16", dict(bf16=True, **GPU), "--bf16 contradicts --mixed_precision fp16"),
     ("fp32", dict(cuda_available=False), "--mixed_precision 'fp32': use auto, bf16, fp16 or no"),
-], ids=["bf16-emulated", "fp16-on-cpu", "fp16-use-cpu", "fp16-and-bf16", "bf16-fp16", "no-fp16", "fp16-bf16", "fp32"])
+], ids=["bf16-emulated", "fp16-cpu", "use-cpu", "fp16-and-bf16", "bf16-fp16", "no-fp16", "fp16-bf16", "fp32"])
 def test_impossible_or_contradictory_precision_settings_are_refused(
     mixed_precision: str, options: dict, message: str
 ) -> None:
@@ -143,8 +138,12 @@ def test_explicit_precision_flag_wins_over_auto_and_agrees_with_its_own_name() -
     assert resolve_device_settings("auto", bf16=True, cuda_available=False).precision == "bf16"
 
 
-def test_explicit_ddp_backend_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_use_cpu_wins_over_an_available_gpu_and_an_explicit_ddp_backend_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")
+    settings = resolve_device_settings("auto", use_cpu=True, **GPU)
+    assert (settings.use_cpu, settings.ddp_backend, settings.precision) == (True, "gloo", "no")
     assert resolve_device_settings("auto", ddp_backend="gloo", **GPU).ddp_backend == "gloo"
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert resolve_device_settings("no", ddp_backend="nccl", cuda_available=True).ddp_backend == "nccl"
@@ -163,5 +162,6 @@ def test_loader_workers_default_to_this_process_share_of_the_cpus(
 def test_loader_workers_follow_the_machine_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(distributed.os, "sched_getaffinity", lambda pid: set(range(6)), raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert parse_args([*REQUIRED, "--use_cpu", "true"])[2].dataloader_num_workers == 2
-    assert parse_args([*REQUIRED, "--use_cpu", "true", "--dataloader_num_workers", "0"])[2].dataloader_num_workers == 0
+    flags = [*REQUIRED, "--use_cpu", "true"]
+    assert parse_args(flags)[2].dataloader_num_workers == 2
+    assert parse_args([*flags, "--dataloader_num_workers", "0"])[2].dataloader_num_workers == 0

@@ -55,7 +55,7 @@ def test_training_curves_plot_loss_learning_rate_and_eval_metrics_logged_more_th
     assert not (tmp_path / "one_step.png").exists()
 
 
-def test_write_metrics_writes_sorted_json(tmp_path: Path) -> None:
+def test_write_metrics_writes_sorted_json_an_evaluation_alone_keeps_train_figures(tmp_path: Path) -> None:
     path = write_metrics(str(tmp_path / "new" / "dir"), dict(f1_macro=0.4, accuracy=0.5, num_examples=6), trained=True)
     assert path == tmp_path / "new" / "dir" / "metrics.json"
     text = path.read_text()
@@ -63,9 +63,6 @@ def test_write_metrics_writes_sorted_json(tmp_path: Path) -> None:
     assert list(json.loads(text)) == ["accuracy", "f1_macro", "num_examples", "versions"]
     assert json.loads(text)["num_examples"] == 6
     assert json.loads(text)["versions"] == package_module("metrics").library_versions()
-
-
-def test_an_evaluation_alone_replaces_eval_figures_and_keeps_the_train_figures(tmp_path: Path) -> None:
     first = {"train_loss": 0.3, "epoch": 2.0, "eval_accuracy": 0.9, "eval_loss": 0.2}
     write_metrics(str(tmp_path), first, trained=True)
     write_metrics(str(tmp_path), {"eval_accuracy": 0.95, "eval_num_examples": 50, "epoch": 0.0}, trained=False)
