@@ -1,8 +1,5 @@
 """The native loop's data plumbing, in process: which examples each rank trains on, and the batch plan.
-
-A sampler is built once per rank, as every rank does under torchrun, and the ranks' shards are then
-compared with each other: disjoint, covering, length-grouped and the same from run to run.
-"""
+A sampler is built once per rank, as every rank does under torchrun, and the ranks' shards compared."""
 
 from __future__ import annotations
 

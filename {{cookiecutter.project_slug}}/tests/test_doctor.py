@@ -1,9 +1,7 @@
-"""The doctor prints one line per check and exits 1 on a failure that would stop training, 2 on a
-command line train refuses. The launch scripts' help names it (test_scripts.py).
-
-The healthy run is two local nodes through train_multi_node.sh (MODULE=<package>.doctor, c10d), the
-way a cluster user runs it. The failures run in one process: an output_dir under a regular file (the
-tests run as root, so chmod would not stop the writes), and a setting train refuses.
+"""The doctor's checks (the launch scripts' help naming it: test_scripts.py). The healthy run is two local
+nodes through train_multi_node.sh (MODULE=<package>.doctor, c10d), the way a cluster user runs it. The
+failures run in one process: an output_dir under a regular file (the tests run as root, so chmod would
+not stop the writes), and a setting train refuses.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The launch scripts in scripts/: they parse, help starts nothing, a bad setting stops before torchrun,
-and the torchrun command each one builds.
-
-No test here starts torchrun. PYTHON, srun and scontrol point at a recorder that writes down how it
-was called, so each test reads the exact command a script would have run, or proves that nothing was
-run. No test needs SLURM, a GPU or the network.
-"""
+"""The launch scripts in scripts/, none run for real: PYTHON, srun and scontrol point at a recorder that
+writes down how it was called, so each test reads the exact command a script would have run, or proves
+that nothing was run. No test needs SLURM, a GPU or the network."""
 
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ def test_new_data_arguments_refuse_bad_settings(options: dict, message: str) -> 
         data_args(**options)
 
 
-def test_new_data_flags_land_and_default_to_auto_detection() -> None:
+def test_new_data_flags_land_default_to_auto_detection_and_do_predict_needs_a_test_file() -> None:
     _, defaults, _ = parse_args(REQUIRED)
     assert (defaults.problem_type, defaults.text_pair_column, defaults.label_delimiter) == ("auto", None, None)
     assert (defaults.multi_label_threshold, defaults.test_file) == (0.5, None)
@@ -71,9 +71,6 @@ def test_new_data_flags_land_and_default_to_auto_detection() -> None:
         "--multi_label_threshold", "0.3", "--test_file", "rows.csv", "--do_predict", "true"])
     assert (parsed.text_pair_column, parsed.problem_type, parsed.label_delimiter) == ("sentence2", MULTI, ";")
     assert (parsed.multi_label_threshold, parsed.test_file, training_args.do_predict) == (0.3, "rows.csv", True)
-
-
-def test_do_predict_without_a_test_file_is_refused() -> None:
     with pytest.raises(ConfigError, match="^--do_predict needs --test_file: the csv, json, jsonl or parquet rows"):
         parse_args([*REQUIRED, "--do_predict", "true"])
 
@@ -143,7 +140,7 @@ def pair_task(max_seq_length: int = 512, problem_type: str = SINGLE, names: tupl
     return Task(problem_type, list(names), text_pair_column="second", max_seq_length=max_seq_length)
 
 
-def test_pairs_are_tokenised_as_pairs_with_segment_ids_on_the_second_text() -> None:
+def test_pairs_get_segment_ids_and_truncation_cuts_the_longer_text_flagging_the_rows_it_cut() -> None:
     tokenizer = smoke.build_tokenizer()
     data = tokenize_datasets(pairs(["good movie", "bad"], ["great fun film", "dull plot"]), tokenizer, pair_task())
     first = data["train"][0]
@@ -153,10 +150,6 @@ def test_pairs_are_tokenised_as_pairs_with_segment_ids_on_the_second_text() -> N
     assert data["train"][1]["token_type_ids"] == [0, 0, 0, 1, 1, 1]
     assert data["train"]["length"] == [8, 6]
     assert data["train"]["truncated"] == [False, False]
-
-
-def test_pair_truncation_cuts_the_longer_text_first_and_flags_exactly_the_rows_it_cut() -> None:
-    tokenizer = smoke.build_tokenizer()
     first = [words(12), "good", words(2), words(3)]
     second = ["fun", words(12, "film"), "fun", "fun"]
     data = tokenize_datasets(pairs(first, second), tokenizer, pair_task(max_seq_length=8))["train"]
@@ -214,7 +207,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
-def test_load_raw_datasets_adds_a_test_split_that_needs_no_labels(tmp_path: Path) -> None:
+def test_a_test_split_needs_no_labels_but_a_missing_pair_column_is_refused_by_split(tmp_path: Path) -> None:
     labelled = [dict(text=f"good {i}", second="fun", label="a") for i in range(6)]
     train = write_jsonl(tmp_path / "train.jsonl", labelled)
     validation = write_jsonl(tmp_path / "validation.jsonl", labelled[:2])
@@ -225,15 +218,10 @@ def test_load_raw_datasets_adds_a_test_split_that_needs_no_labels(tmp_path: Path
     assert raw["test"].column_names == ["text", "second"]
     assert raw["test"]["text"] == ["bad", "ok"]
     assert len(raw["train"]) == 6
-
-
-def test_a_missing_text_pair_column_is_refused_naming_the_split(tmp_path: Path) -> None:
-    labelled = [dict(text=f"good {i}", second="fun", label="a") for i in range(6)]
-    train = write_jsonl(tmp_path / "train.jsonl", labelled)
-    test = write_jsonl(tmp_path / "test.jsonl", [dict(text="bad")])
+    unpaired = write_jsonl(tmp_path / "unpaired.jsonl", [dict(text="bad")])
     with pytest.raises(ConfigError, match="^--text_pair_column 'second' is not a column of the test split; "
                                           "columns are: text$"):
-        load_raw_datasets(DataArguments(train_file=train, test_file=test, text_pair_column="second"),
+        load_raw_datasets(DataArguments(train_file=train, test_file=unpaired, text_pair_column="second"),
                           cache_dir=str(tmp_path / "cache"))
     with pytest.raises(ConfigError, match="^--text_pair_column 'sentence2' is not a column of the train split; "
                                           "columns are: text, second, label$"):
@@ -284,7 +272,7 @@ def test_degenerate_regression_inputs_give_zero_correlations_not_nan(predictions
     assert not any(isinstance(value, float) and math.isnan(value) for value in metrics.values())
 
 
-def test_multi_label_metrics_match_a_hand_computed_example() -> None:
+def test_multi_label_metrics_match_a_hand_computed_example_and_hold_for_no_or_all_negative_rows() -> None:
     labels = np.array([[1, 0, 1, 0], [0, 1, 0, 0], [1, 1, 0, 0]])
     predictions = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 1, 0]])
     metrics = multi_label_metrics(predictions, labels, ["a", "b", "c", "d"])
@@ -301,9 +289,6 @@ def test_multi_label_metrics_match_a_hand_computed_example() -> None:
         "d": {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 0},
     }
     assert json.loads(json.dumps(metrics)) == metrics  # plain types: metrics.json takes them as they are
-
-
-def test_multi_label_metrics_of_no_examples_and_of_all_negative_rows() -> None:
     empty = multi_label_metrics(np.zeros((0, 2)), np.zeros((0, 2)), ["a", "b"])
     assert (empty["subset_accuracy"], empty["f1_micro"], empty["f1_macro"], empty["num_examples"]) == (0, 0, 0, 0)
     negatives = multi_label_metrics(np.zeros((2, 2)), np.zeros((2, 2)), ["a", "b"])
@@ -339,7 +324,7 @@ def tiny_model(assets: Path, task: object) -> torch.nn.Module:
                       task)
 
 
-def test_load_model_records_the_problem_type_labels_and_inputs_in_its_config(smoke_assets: Path) -> None:
+def test_load_model_records_the_task_in_its_config_and_regression_has_one_output(smoke_assets: Path) -> None:
     model = tiny_model(smoke_assets, TASKS["multi"])
     config = model.config
     assert (config.problem_type, config.num_labels, model.classifier.out_features) == (MULTI, 3, 3)
@@ -348,9 +333,6 @@ def test_load_model_records_the_problem_type_labels_and_inputs_in_its_config(smo
     assert config.classification_inputs == {
         "text_column": "text", "text_pair_column": None, "label_column": "labels", "label_delimiter": "|",
         "max_seq_length": 32, "multi_label_threshold": 0.3}
-
-
-def test_a_regression_model_has_one_output(smoke_assets: Path) -> None:
     model = tiny_model(smoke_assets, TASKS["regression"])
     assert (model.config.problem_type, model.config.num_labels, model.classifier.out_features) == (REGRESSION, 1, 1)
     batch = smoke.build_tokenizer()(["good movie", "bad"], padding=True, return_tensors="pt")
@@ -424,13 +406,6 @@ def test_write_rows_writes_a_json_array_of_more_rows_than_one_writer_batch(tmp_p
     assert [row["text"] for row in written] == rows["text"] and written[-1]["prediction"] == "good"
 
 
-def test_predict_names_a_missing_input_file_by_its_flag(tmp_path: Path) -> None:
-    missing = str(tmp_path / "nope.jsonl")
-    with pytest.raises(ConfigError, match=f"^--input_file '{missing}' not found$"):
-        predict_file(None, None, Task("single_label_classification", ["a", "b"]), missing, str(tmp_path / "out.csv"), 8,
-                     torch.device("cpu"))
-
-
 def test_write_rows_refuses_an_input_that_already_has_a_prediction_column(tmp_path: Path) -> None:
     rows = Dataset.from_dict(dict(text=["good", "bad"], prediction=["x", "y"]))
     with pytest.raises(ConfigError, match=r"^--input_file already has column\(s\) prediction, which the "
@@ -468,16 +443,17 @@ def test_predict_file_predicts_every_row_in_input_order_as_the_model_does_one_by
 
 
 @pytest.mark.parametrize(("pair_column", "rows", "message"), [
+    (None, None, "^--input_file '{input_file}' not found$"),
     (None, [dict(text="good"), dict(text="fun"), dict(text="")],
      r"^row 2 of the input data \(0-based\) has no text in column 'text'$"),
     ("second", [dict(text="good", label="same")],
      "^--text_pair_column 'second' is not a column of {input_file}; columns are: text, label$"),
-], ids=["row-without-text", "input-without-the-pair-column"])
-def test_predict_file_refuses_a_row_without_text_or_an_input_without_the_models_pair_column(
+], ids=["missing-file", "row-without-text", "input-without-the-pair-column"])
+def test_predict_file_refuses_a_missing_file_a_row_without_text_or_an_input_without_the_pair_column(
     smoke_assets: Path, tmp_path: Path, pair_column: str | None, rows: list[dict], message: str
 ) -> None:
     task = Task(SINGLE, ["different", "same"], text_pair_column=pair_column)
-    input_file = write_jsonl(tmp_path / "rows.jsonl", rows)
+    input_file = write_jsonl(tmp_path / "rows.jsonl", rows) if rows else str(tmp_path / "rows.jsonl")
     with pytest.raises(ConfigError, match=message.format(input_file=input_file)):
         predict_file(tiny_model(smoke_assets, task), smoke.build_tokenizer(), task, input_file,
                      str(tmp_path / "out.csv"), batch_size=4, device=torch.device("cpu"))

@@ -1,7 +1,7 @@
 """The native loop's own flags: exactly what it implements, under transformers' names and defaults.
 
-A flag it does not implement is unknown to its parser, so it is refused like a typo. The names and
-defaults it shares with transformers.TrainingArguments let a config file move between the loops.
+The names and defaults it shares with transformers.TrainingArguments let a config file move between
+the loops.
 """
 
 from __future__ import annotations
