@@ -100,30 +100,21 @@ def test_resumable_sampler_starts_the_epoch_after_the_examples_already_trained_o
 
 # ---- the train sampler, loader and batch plan --------------------------------------------------
 
-def train_set(count: int) -> Dataset:
-    return Dataset.from_dict(dict(length=lognormal_lengths(count)))
-
-
-def args(**flags) -> TrainingArguments:
-    return TrainingArguments(**{"per_device_train_batch_size": BATCH, **flags})
-
-
 def train_batches(count: int, world_size: int, rank: int = 0, **flags):
     """(sampler, loader, plan) for one rank, as the native loop builds them."""
-    return batching.build_train_batches(train_set(count), args(**flags), collator=None, rank=rank,
-                                        world_size=world_size, on_gpu=False, checkpoint=None)
+    train_set = Dataset.from_dict(dict(length=lognormal_lengths(count)))
+    args = TrainingArguments(**{"per_device_train_batch_size": BATCH, **flags})
+    return batching.build_train_batches(train_set, args, collator=None, rank=rank, world_size=world_size,
+                                        on_gpu=False, checkpoint=None)
 
 
-def test_plan_counts_a_short_last_accumulation_window_as_a_step() -> None:
+def test_plan_counts_a_short_last_window_as_a_step_and_refuses_a_step_larger_than_the_data() -> None:
     # 100 examples over 2 ranks: 50 each, 13 micro-batches of 4 (the last holds 2); 13 / 3 -> 5 steps.
     _, loader, plan = train_batches(100, 2, gradient_accumulation_steps=3, num_train_epochs=2)
     assert len(loader) == plan.micro_batches_per_epoch == 13
     assert (plan.steps_per_epoch, plan.total_steps) == (5, 10)
     assert plan.global_batch_size == BATCH * 3 * 2
     assert train_batches(100, 2, gradient_accumulation_steps=3, max_steps=7)[2].total_steps == 7  # wins over epochs
-
-
-def test_plan_refuses_an_optimizer_step_larger_than_the_train_set() -> None:
     # The global batch counts the accumulation steps, as the preflight and the Trainer count it.
     with pytest.raises(ConfigError, match=r"^one optimizer step takes 16 examples \(2 process\(es\) x "
                                           r"--per_device_train_batch_size 4 x --gradient_accumulation_steps 2\), "

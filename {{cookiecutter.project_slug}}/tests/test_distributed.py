@@ -102,9 +102,7 @@ def test_gradients_ddp_left_unaveraged_are_named_with_the_parameter_that_had_non
         check_gradients_against(monkeypatch, model, unaveraged)
     assert str(raised.value) == expected
     check_gradients_against(monkeypatch, model, lambda sums: sums)  # averaged: equal sums, NaN for none, pass
-
-
-def test_unaveraged_gradients_without_a_missing_one_name_the_other_causes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without a missing gradient, the error names the other causes.
     model = torch.nn.Linear(2, 2)
     model(torch.ones(1, 2)).sum().backward()
     with pytest.raises(RuntimeError, match=r"in 1 parameter tensor\(s\) \(bias\): DDP did not average them\. Every "
@@ -131,16 +129,13 @@ def test_impossible_or_contradictory_precision_settings_are_refused(
         resolve_device_settings(mixed_precision, **options)
 
 
-def test_explicit_precision_flag_wins_over_auto_and_agrees_with_its_own_name() -> None:
-    # auto would pick bf16 here; --fp16 given directly overrides it.
+def test_a_precision_flag_use_cpu_and_a_ddp_backend_given_win_over_what_auto_would_pick(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # auto would pick bf16 here; --fp16 given directly overrides it, and agrees with its own name.
     assert resolve_device_settings("auto", fp16=True, **GPU).precision == "fp16"
     assert resolve_device_settings("fp16", fp16=True, **GPU).precision == "fp16"
     assert resolve_device_settings("auto", bf16=True, cuda_available=False).precision == "bf16"
-
-
-def test_use_cpu_wins_over_an_available_gpu_and_an_explicit_ddp_backend_is_kept(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")
     settings = resolve_device_settings("auto", use_cpu=True, **GPU)
     assert (settings.use_cpu, settings.ddp_backend, settings.precision) == (True, "gloo", "no")

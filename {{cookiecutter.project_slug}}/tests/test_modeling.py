@@ -23,18 +23,16 @@ smoke = package_module("smoke")
 pytestmark = pytest.mark.usefixtures("isolated_process")  # offline, one process, no state left behind
 
 
-def test_load_model_names_the_labels_and_keeps_a_head_of_the_same_size(smoke_assets: Path) -> None:
+def test_load_model_keeps_a_head_of_the_same_size_and_refuses_another_unless_asked_for_a_fresh_one(
+    smoke_assets: Path,
+) -> None:
     folder = smoke_assets / "tiny-bert"
+    saved = load_file(folder / "model.safetensors")
     model = load_model(ModelArguments(model_name_or_path=str(folder)), task_of("negative", "positive"))
     assert model.config.num_labels == 2
     assert model.config.id2label == dict(enumerate(["negative", "positive"]))
     assert model.config.label2id == dict(negative=0, positive=1)
-    saved = load_file(folder / "model.safetensors")
     assert torch.equal(model.classifier.weight, saved["classifier.weight"])
-
-
-def test_checkpoint_with_another_label_count_is_refused_unless_asked_for_a_fresh_head(smoke_assets: Path) -> None:
-    folder = smoke_assets / "tiny-bert"
     with pytest.raises(ConfigError, match="--ignore_mismatched_sizes true"):
         load_model(ModelArguments(model_name_or_path=str(folder)), task_of("a", "b", "c"))
     fresh_head = ModelArguments(model_name_or_path=str(folder), ignore_mismatched_sizes=True)
@@ -42,7 +40,6 @@ def test_checkpoint_with_another_label_count_is_refused_unless_asked_for_a_fresh
     assert model.classifier.out_features == 3
     assert model.classifier.weight.shape == (3, 64)
     assert model.config.id2label == dict(enumerate(["a", "b", "c"]))
-    saved = load_file(folder / "model.safetensors")
     assert torch.equal(model.bert.embeddings.word_embeddings.weight, saved["bert.embeddings.word_embeddings.weight"])
 
 

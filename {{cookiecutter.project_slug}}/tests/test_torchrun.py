@@ -37,8 +37,8 @@ def test_the_exit_status_says_whether_the_workers_saved_or_finished(
     assert capsys.readouterr().err.startswith(line)
 
 
-def test_module_workers_are_forked_from_the_launcher_once_it_has_imported_the_module(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_module_workers_are_forked_from_the_launcher_once_it_has_imported_the_module_never_after_cuda(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     monkeypatch.delenv("PREFLIGHT_WORLD_SIZE", raising=False)
     monkeypatch.delitem(sys.modules, f"{PACKAGE}.metrics", raising=False)
     frozen = []  # after the import; a real gc.freeze() would leave pytest's own objects frozen
@@ -51,11 +51,6 @@ def test_module_workers_are_forked_from_the_launcher_once_it_has_imported_the_mo
     assert f"{PACKAGE}.metrics" in sys.modules and frozen == [True]
     assert torchrun.fork_workers_from_here(["--nproc-per-node=2", "train.py", "-m"]) == [
         "--nproc-per-node=2", "train.py", "-m"]  # a script: torchrun starts it as a command
-
-
-def test_the_launcher_refuses_to_fork_workers_from_a_process_that_initialised_cuda(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    monkeypatch.delenv("PREFLIGHT_WORLD_SIZE", raising=False)
     monkeypatch.setattr("torch.cuda.is_initialized", lambda: True)
     with pytest.raises(SystemExit) as exit_:
         torchrun.fork_workers_from_here(["--nproc-per-node=2", "-m", f"{PACKAGE}.metrics"])

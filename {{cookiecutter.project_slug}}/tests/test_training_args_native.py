@@ -46,14 +46,11 @@ def transformers_default(field: dataclasses.Field):
     return field.default_factory() if field.default is dataclasses.MISSING else field.default
 
 
-def test_every_flag_has_a_transformers_namesake() -> None:
+def test_every_flag_has_a_transformers_namesake_and_its_default_except_the_documented_ones() -> None:
     """So a config written for the Trainer variant runs here, and the reverse, as long as it uses these flags."""
     names = {field.name for field in dataclasses.fields(transformers.TrainingArguments)}
     assert sorted(field.name for field in dataclasses.fields(TrainingArguments) if field.name not in names) \
         == sorted(PROJECT_FLAGS)
-
-
-def test_defaults_follow_transformers_except_the_documented_ones() -> None:
     theirs = {field.name: transformers_default(field) for field in dataclasses.fields(transformers.TrainingArguments)}
     # parallel.py's own flags (ParallelArguments), where it has any, are its tests' (test_parallel.py).
     ours = {field.name: field.default for field in dataclasses.fields(TrainingArguments)
@@ -135,7 +132,7 @@ WHOLE_OR_FRACTION = "use a whole number of steps, or a fraction of the run below
     ("--save_steps", "0", f"--save_steps 0.0: {WHOLE_OR_FRACTION}"),
     ("--eval_steps", "-1", f"--eval_steps -1.0: {WHOLE_OR_FRACTION}"),
 ])
-def test_bad_step_and_batch_counts_are_refused(flag: str, value: str, message: str) -> None:
+def test_bad_step_intervals_are_refused(flag: str, value: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse(flag, value)
 
