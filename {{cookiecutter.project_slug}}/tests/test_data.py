@@ -105,18 +105,18 @@ def test_max_train_and_eval_samples_keep_the_first_examples(tmp_path: Path) -> N
 
 # ---- labels and tokenising ---------------------------------------------------------------------
 
-@pytest.mark.parametrize(("train", "validation", "names"), [
-    (["pos", "neg", "neutral", "neg"], ["neg", "pos"], ["neg", "neutral", "pos"]),
-    ([10, 2, 0, 2], [0, 10], ["0", "2", "10"]),  # ints sorted as numbers, then named as strings
-])
-def test_labels_are_sorted(train: list, validation: list, names: list[str]) -> None:
-    assert label_names(in_memory(train, validation), "label") == names
+CLASS_LABELS = Features(text=Value("string"), label=ClassLabel(names=["pos", "neg", "neutral"]))
 
 
-def test_class_label_names_keep_their_order() -> None:
-    features = Features(text=Value("string"), label=ClassLabel(names=["pos", "neg", "neutral"]))
-    raw = in_memory([0, 1, 1], [2], features=features)  # "neutral" only in validation: still a class
-    assert label_names(raw, "label") == ["pos", "neg", "neutral"]
+@pytest.mark.parametrize(("train", "validation", "features", "names"), [
+    (["pos", "neg", "neutral", "neg"], ["neg", "pos"], None, ["neg", "neutral", "pos"]),
+    ([10, 2, 0, 2], [0, 10], None, ["0", "2", "10"]),  # ints sorted as numbers, then named as strings
+    ([0, 1, 1], [2], CLASS_LABELS, ["pos", "neg", "neutral"]),  # "neutral" only in validation: still a class
+], ids=["strings", "ints", "class-labels"])
+def test_labels_are_sorted_but_class_label_names_keep_their_order(
+    train: list, validation: list, features: Features | None, names: list[str]
+) -> None:
+    assert label_names(in_memory(train, validation, features), "label") == names
 
 
 @pytest.mark.parametrize(("train", "validation", "message"), [

@@ -53,14 +53,11 @@ def resumed_run(first_run: dict, smoke_assets: Path) -> dict:
     return {"output_dir": output_dir, "records": read_probe(output_dir)}
 
 
-def test_world_size_is_two_and_only_rank_zero_logs(first_run: dict) -> None:
+def test_world_size_is_two_only_rank_zero_logs_and_ddp_syncs_no_buffers_silently(first_run: dict) -> None:
     assert [record["rank"] for record in first_run["records"]] == [0, 1]
     assert [record["world_size"] for record in first_run["records"]] == [2, 2]
     assert first_run["log"].count(" train examples, ") == 1
     assert first_run["log"].count("metrics written to") == 1
-
-
-def test_ddp_syncs_no_buffers_before_each_forward_and_says_nothing_of_it(first_run: dict) -> None:
     assert [record["ddp_broadcast_buffers"] for record in first_run["records"]] == [0, 0]  # a collective a step
     assert "broadcast_buffers" not in first_run["log"]  # no FutureWarning per rank about the flag's name
 
@@ -126,14 +123,11 @@ def test_metrics_json_holds_an_eval_above_chance_per_class_results_and_throughpu
     assert (confusion[0][0] + confusion[1][1]) / EVAL_SIZE == pytest.approx(metrics["eval_accuracy"])
 
 
-def test_training_curves_are_drawn_and_the_label_names_saved_in_the_model_config(first_run: dict) -> None:
+def test_output_dir_holds_the_curves_the_label_names_and_the_epoch_checkpoints(first_run: dict) -> None:
     assert (first_run["output_dir"] / "training_curves.png").read_bytes().startswith(b"\x89PNG")
     config = json.loads((first_run["output_dir"] / "config.json").read_text())
     assert config["id2label"] == {"0": "negative", "1": "positive"}
     assert config["label2id"] == {"negative": 0, "positive": 1}
-
-
-def test_checkpoints_are_written_per_epoch(first_run: dict) -> None:
     checkpoints = sorted(path.name for path in first_run["output_dir"].glob("checkpoint-*"))
     # save_total_limit 2 keeps the newest two of the epoch checkpoints.
     assert checkpoints == [f"checkpoint-{(EPOCHS - 1) * STEPS_PER_EPOCH}", f"checkpoint-{EPOCHS * STEPS_PER_EPOCH}"]

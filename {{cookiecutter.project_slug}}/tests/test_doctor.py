@@ -60,6 +60,10 @@ def test_healthy_two_node_run_prints_each_nodes_gpus_then_the_ranks_compared(two
     assert statuses == {("GPUs", "0"): "WARN", ("GPUs", "1"): "WARN", ("backend", ""): "PASS",
                         ("same versions", ""): "PASS", ("output_dir", ""): "PASS"}, two_nodes["output"]
     assert two_nodes["output"].count("doctor: 0 failed, 2 warning(s): ready to train") == 1
+    # output_dir is seen by all ranks and left clean.
+    assert two_nodes["lines"]["output_dir", ""][1].endswith("all 2 ranks see each other's files in it")
+    assert two_nodes["lines"]["same versions", ""][1].startswith("all 2 ranks run torch ")
+    assert list(two_nodes["output_dir"].iterdir()) == [], "the doctor left its files behind"
 
 
 def test_backend_reports_the_store_all_reduce_round_trip_and_bandwidth(two_nodes: dict) -> None:
@@ -70,12 +74,6 @@ def test_backend_reports_the_store_all_reduce_round_trip_and_bandwidth(two_nodes
     assert match, backend
     round_trip, large, bandwidth = map(float, match.groups())
     assert 0 < round_trip < large and bandwidth > 0
-
-
-def test_output_dir_is_seen_by_all_ranks_and_left_clean(two_nodes: dict) -> None:
-    assert two_nodes["lines"]["output_dir", ""][1].endswith("all 2 ranks see each other's files in it")
-    assert two_nodes["lines"]["same versions", ""][1].startswith("all 2 ranks run torch ")
-    assert list(two_nodes["output_dir"].iterdir()) == [], "the doctor left its files behind"
 
 
 def test_unwritable_output_dir_fails_and_names_it(smoke_assets: Path, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ classification_metrics, write_metrics = names_from("metrics", "classification_me
 pytestmark = pytest.mark.usefixtures("isolated_process")  # offline, one process, no state left behind
 
 
-def test_metrics_match_a_hand_computed_example() -> None:
+def test_metrics_match_a_hand_computed_example_flatten_their_inputs_and_handle_no_examples() -> None:
     labels = np.array([0, 0, 1, 1, 2, 2])
     predictions = np.array([0, 1, 1, 1, 0, 0])  # class 2 never predicted; class 3 absent from both
     metrics = classification_metrics(predictions, labels, ["a", "b", "c", "d"])
@@ -31,9 +31,6 @@ def test_metrics_match_a_hand_computed_example() -> None:
                                          "support": 2}
     assert metrics["per_class"]["c"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 2}
     assert json.loads(json.dumps(metrics)) == metrics  # plain types: metrics.json takes them as they are
-
-
-def test_metrics_flatten_their_inputs_and_handle_no_examples() -> None:
     names = ["no", "yes"]
     assert classification_metrics(np.array([[1], [0]]), np.array([[1], [1]]), names)["accuracy"] == pytest.approx(0.5)
     empty = classification_metrics(np.array([], dtype=int), np.array([], dtype=int), names)

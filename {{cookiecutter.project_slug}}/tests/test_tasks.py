@@ -92,15 +92,12 @@ def test_auto_problem_type_follows_what_the_label_column_holds(
     assert task.num_labels == (1 if problem_type == REGRESSION else len(names))
 
 
-def test_explicit_regression_needs_numbers_in_the_label_column() -> None:
+def test_decide_task_carries_the_flags_caps_max_seq_length_and_needs_numbers_for_regression() -> None:
     task = decide_task(in_memory([1, 3, 2], [2]), data_args(problem_type=REGRESSION))
     assert (task.problem_type, task.label_names, task.num_labels) == (REGRESSION, [], 1)
     with pytest.raises(ConfigError, match=r"^--problem_type regression needs numbers in --label_column label; "
                                           r"it holds Value\('string'\)$"):
         decide_task(in_memory(["1.5", "2"], ["2"]), data_args(problem_type=REGRESSION))
-
-
-def test_decided_task_carries_the_flags_and_caps_max_seq_length_at_the_model_limit() -> None:
     raw = in_memory(["a", "b"], ["a"])
     for split in raw:
         raw[split] = raw[split].add_column("second", ["fine"] * len(raw[split]))
@@ -111,16 +108,14 @@ def test_decided_task_carries_the_flags_and_caps_max_seq_length_at_the_model_lim
     assert decide_task(raw, data_args(max_seq_length=64), model_max_length=128).max_seq_length == 64
 
 
-def test_multi_label_validation_labels_unseen_in_train_are_refused() -> None:
+def test_multi_label_names_refuse_unseen_or_no_labels_and_class_label_lists_keep_their_order() -> None:
     raw = in_memory(["a|b", "b"], ["a|zebra", "yak"])
     with pytest.raises(ConfigError, match=r"validation has labels not seen in train: \['yak', 'zebra'\]"):
         label_names(raw, "label", MULTI, "|")
     with pytest.raises(ConfigError, match="holds no labels in the train split"):
         label_names(in_memory([[], []], [[]], Features(text=Value("string"), label=List(Value("string")))),
                     "label", MULTI)
-
-
-def test_multi_label_class_label_lists_keep_their_names_order_and_encode_multi_hot() -> None:
+    # Lists of ClassLabels keep their names' order and encode multi-hot.
     features = Features(text=Value("string"), label=List(ClassLabel(names=["sports", "food", "music"])))
     raw = in_memory([[0, 2], [], [1]], [[2, 1]], features=features)
     task = decide_task(raw, data_args())
@@ -162,7 +157,7 @@ def test_pairs_get_segment_ids_and_truncation_cuts_the_longer_text_flagging_the_
     assert (exact["length"], exact["truncated"]) == ([7], [False])  # fits exactly: not cut
 
 
-def test_labels_are_encoded_as_floats_for_regression_and_multi_hot_rows_for_multi_label() -> None:
+def test_labels_are_encoded_per_problem_type_and_only_for_the_train_and_validation_splits() -> None:
     tokenizer = smoke.build_tokenizer()
     floats = tokenize_datasets(in_memory([0.5, 4.25], [3.0]), tokenizer, Task(REGRESSION, []))
     assert floats["train"]["labels"] == [0.5, 4.25]
@@ -174,12 +169,9 @@ def test_labels_are_encoded_as_floats_for_regression_and_multi_hot_rows_for_mult
     multi_hot = tokenize_datasets(in_memory(["sports | food", "", "music"], ["food"]), tokenizer, delimited)
     assert multi_hot["train"]["labels"] == [[1.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
     assert multi_hot["train"].features["labels"] == List(Value("float64"))  # BCE loss takes float rows
-
-
-def test_labels_are_encoded_only_for_the_train_and_validation_splits() -> None:
     raw = in_memory(["a", "b"], ["a"])
     raw["test"] = raw["validation"]  # a test file with labels: predicted, not scored
-    data = tokenize_datasets(raw, smoke.build_tokenizer(), Task(SINGLE, ["a", "b"]))
+    data = tokenize_datasets(raw, tokenizer, Task(SINGLE, ["a", "b"]))
     assert "labels" in data["train"].column_names and "labels" in data["validation"].column_names
     assert sorted(data["test"].column_names) == ["attention_mask", "input_ids", "length", "token_type_ids", "truncated"]
 
