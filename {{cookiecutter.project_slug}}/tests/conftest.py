@@ -92,7 +92,6 @@ def isolated_process(monkeypatch: pytest.MonkeyPatch):
 
 @pytest.fixture
 def datasets_cache_in_tmp_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """datasets caches the files it reads (predict's and train's own loading) in the test's tmp_path."""
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets_cache")
 
 

@@ -76,9 +76,6 @@ def test_length_grouped_order_is_the_same_on_every_rank_new_each_epoch_and_steps
         rank0, rank1 = ([lengths[i] for i in shard[step:step + BATCH]] for shard in per_rank)
         assert min(rank0) >= max(rank1)
     assert lengths[per_rank[0][0]] == max(lengths)  # the longest step first: out of memory at once
-
-
-def test_sampler_refuses_a_rank_outside_the_world() -> None:
     with pytest.raises(ValueError, match=r"rank 2 is outside \[0, 2\)"):
         DistributedLengthGroupedSampler([5] * 8, BATCH, num_replicas=2, rank=2)
 

@@ -1,7 +1,5 @@
-"""data.py: loading local files, label names, tokenising, the collator and the steps of similar length.
-
-The tokenizer is the tiny offline one from smoke.py; data is built in memory or written into tmp_path.
-"""
+"""data.py: loading local files, label names, tokenising, the collator and the steps of similar length. The
+tokenizer is the tiny offline one from smoke.py; data is built in memory or written into tmp_path."""
 
 from __future__ import annotations
 
@@ -215,7 +213,7 @@ def grouped(lengths: list[int], step: int, epoch: int = 0) -> list[list[int]]:
     return length_grouped_steps(torch.randperm(len(lengths), generator=generator).tolist(), lengths, step, generator)
 
 
-def test_a_small_epoch_pads_almost_as_little_as_one_sorted_by_length() -> None:
+def test_steps_pad_little_are_sorted_shuffled_regrouped_every_epoch_and_the_longest_first() -> None:
     rng = random.Random(0)
     lengths = [min(120, max(6, int(rng.lognormvariate(3.0, 0.7)))) for _ in range(256)]  # long-tailed, as reviews
     steps = grouped(lengths, 8)  # 32 steps of 8 on 2 ranks of 4: 2 megabatches (at least 4 padded 7% more)
@@ -223,9 +221,6 @@ def test_a_small_epoch_pads_almost_as_little_as_one_sorted_by_length() -> None:
     padded = sum(4 * max(lengths[i] for i in step[half:half + 4]) for step in steps for half in (0, 4))
     least = sum(4 * sorted(lengths)[i + 3] for i in range(0, 256, 4))  # batches of 4 in length order
     assert padded <= 1.04 * least
-
-
-def test_steps_are_sorted_shuffled_regrouped_every_epoch_and_the_longest_first() -> None:
     lengths = random.Random(0).sample(range(6, 600), 256)  # no ties; 32 steps of 8: 2 megabatches of 16
     steps = grouped(lengths, 8)
     assert all([lengths[i] for i in step] == sorted((lengths[i] for i in step), reverse=True) for step in steps)

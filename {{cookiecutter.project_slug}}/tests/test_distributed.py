@@ -1,9 +1,6 @@
 """device.py and distributed.py in process: backend and precision, rank order, the gradient check and loader
-workers.
-
-No torchrun and no GPU: process groups and the CPU count are patched per test. The choice of GPU, with
-torch.cuda's queries patched, is the template's proof (its tests/proofs/test_gpu_node.py).
-"""
+workers. No torchrun and no GPU: process groups and the CPU count are patched per test. The choice of GPU,
+with torch.cuda's queries patched, is the template's proof (its tests/proofs/test_gpu_node.py)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,6 @@ def check_lines(output: str) -> dict[tuple[str, str], tuple[str, str]]:
 
 
 def run_alone(args: list[str]) -> subprocess.CompletedProcess:
-    """The doctor in one plain process, as on a node before its job starts."""
     return run_python(["-m", DOCTOR, *args], timeout=120)
 
 
@@ -76,7 +75,9 @@ def test_backend_reports_the_store_all_reduce_round_trip_and_bandwidth(two_nodes
     assert 0 < round_trip < large and bandwidth > 0
 
 
-def test_unwritable_output_dir_fails_and_names_it(smoke_assets: Path, tmp_path: Path) -> None:
+def test_unwritable_output_dir_fails_naming_it_and_a_setting_train_refuses_is_status_2(
+    smoke_assets: Path, tmp_path: Path
+) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("a file where output_dir needs a folder\n")
     result = run_alone(smoke_flags(smoke_assets, blocker / "output"))
@@ -86,9 +87,7 @@ def test_unwritable_output_dir_fails_and_names_it(smoke_assets: Path, tmp_path: 
     assert lines["output_dir", ""][1].startswith(f"{blocker / 'output'} is not writable (rank 0 ")
     assert lines["ranks", ""][0] == "SKIP"  # one process: no group to start
     assert "doctor: 1 failed" in result.stdout
-
-
-def test_a_setting_train_refuses_is_its_error_line_and_status_2(smoke_assets: Path, tmp_path: Path) -> None:
+    # A setting train refuses is its error line and status 2.
     result = run_alone([*smoke_flags(smoke_assets, tmp_path), "--max_seq_length", "0"])
     assert result.returncode == 2
     assert result.stderr.startswith("error: --max_seq_length 0: must be >= 1"), result.stderr

@@ -70,15 +70,14 @@ def test_write_metrics_writes_sorted_json_an_evaluation_alone_keeps_train_figure
     assert json.loads((tmp_path / "metrics.json").read_text()) == {"train_loss": 0.1, "versions": versions}
 
 
-def test_a_run_is_finished_when_no_step_is_left_and_its_metrics_are_written(tmp_path: Path) -> None:
+def test_a_run_is_finished_with_no_step_left_and_its_metrics_written_which_weigh_losses_by_steps(
+    tmp_path: Path,
+) -> None:
     is_finished = package_module("metrics").is_finished
     assert not is_finished(str(tmp_path), 0)  # trained to the end, but metrics.json was never written
     (tmp_path / "metrics.json").write_text("{}\n")
     assert is_finished(str(tmp_path), 0)
     assert not is_finished(str(tmp_path), 3)  # e.g. run again with more epochs
-
-
-def test_whole_run_metrics_weigh_each_logged_loss_by_the_steps_it_covers() -> None:
     metrics = package_module("metrics")
     history = [{"step": 2, "loss": 1.0}, {"step": 2, "eval_loss": 9.0}, {"step": 3, "loss": 0.4},
                {"step": 7, "loss": 0.1}]  # windows of 2, 1 and 4 steps, e.g. over a resume at step 3

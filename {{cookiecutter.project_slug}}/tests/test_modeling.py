@@ -1,8 +1,6 @@
-"""modeling.py: loading the model and tokenizer, label heads, fp32 weights and the refusals' words.
-
-The model and tokenizer are the tiny offline ones from smoke.py; the model with parameters its forward never
-uses is a tiny BigBird (conftest.tiny_bigbird).
-"""
+"""modeling.py: loading the model and tokenizer, label heads, fp32 weights and the refusals' words. The
+model and tokenizer are the tiny offline ones from smoke.py; the model with parameters its forward never
+uses is a tiny BigBird (conftest.tiny_bigbird)."""
 
 from __future__ import annotations
 
@@ -115,9 +113,15 @@ def test_parameters_the_forward_never_uses_are_frozen_and_named_in_one_line(
     assert frozen(load_model(args, task_of("negative", "positive"), tokenizer)) == set()
 
 
-def test_a_model_that_uses_every_parameter_has_none_frozen(smoke_assets: Path) -> None:
+def test_which_parameters_go_unused_depends_on_the_inputs_so_the_example_is_tokenised_as_training_does(
+    smoke_assets: Path,
+) -> None:
     """BERT's token type embeddings count as used even when no token_type_ids are passed: the model then
-    looks up type 0 from a buffer, and its gradient reaches the embedding."""
+    looks up type 0 from a buffer, and its gradient reaches the embedding, so none is frozen. XLNet adds its
+    segment embeddings only when given token_type_ids, which the tokenizer gives; its mask embedding serves
+    pretraining alone."""
+    from transformers import XLNetConfig, XLNetForSequenceClassification
+
     args = ModelArguments(model_name_or_path=str(smoke_assets / "tiny-bert"))
     tokenizer = load_tokenizer(args)
     model = load_model(args, task_of("negative", "positive"), tokenizer, freeze_unused=True)
@@ -126,16 +130,6 @@ def test_a_model_that_uses_every_parameter_has_none_frozen(smoke_assets: Path) -
     assert "token_type_ids" in inputs
     without_types = {key: value for key, value in inputs.items() if key != "token_type_ids"}
     assert modeling.unused_parameters(model, without_types) == []
-
-
-def test_which_parameters_go_unused_depends_on_the_inputs_so_the_example_is_tokenised_as_training_does(
-    smoke_assets: Path,
-) -> None:
-    """XLNet adds its segment embeddings only when given token_type_ids, which the tokenizer gives; its mask
-    embedding serves pretraining alone."""
-    from transformers import XLNetConfig, XLNetForSequenceClassification
-
-    tokenizer = load_tokenizer(ModelArguments(model_name_or_path=str(smoke_assets / "tiny-bert")))
     model = XLNetForSequenceClassification(XLNetConfig(vocab_size=len(tokenizer), d_model=32, n_layer=1, n_head=2,
                                                        d_inner=64))
     inputs = modeling.example_inputs(tokenizer, task_of("negative", "positive"))

@@ -1,8 +1,6 @@
-"""The preflight and the training worker accept and refuse the same settings, with the same words.
-
-Each case runs `python -m <package>.preflight` and `python -m <package>.train` in this process, one
-process and no torchrun (test_preflight.py covers 2 processes through the launch script).
-"""
+"""The preflight and the training worker accept and refuse the same settings, with the same words. Each case
+runs `python -m <package>.preflight` and `python -m <package>.train` in this process, one process and no
+torchrun (test_preflight.py covers 2 processes through the launch script)."""
 
 from __future__ import annotations
 
@@ -37,7 +35,6 @@ CASES = [
 
 @pytest.fixture(autouse=True)
 def one_process(isolated_process, datasets_cache_in_tmp_path, monkeypatch: pytest.MonkeyPatch):
-    """conftest's isolated process, and the preflight counting this one process alone."""
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setenv("PREFLIGHT_WORLD_SIZE", "1")
 

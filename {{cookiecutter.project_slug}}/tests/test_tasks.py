@@ -1,8 +1,6 @@
-"""Fast in-process tests of the task types (sentence pairs, single-label, multi-label, regression) and predict.py.
-
-No torchrun: the model and tokenizer are the tiny offline ones from smoke.py, data is built in memory or
-written into tmp_path.
-"""
+"""Fast in-process tests of the task types (sentence pairs, single-label, multi-label, regression) and
+predict.py. No torchrun: the model and tokenizer are the tiny offline ones from smoke.py, data is built in
+memory or written into tmp_path."""
 
 from __future__ import annotations
 
@@ -223,7 +221,7 @@ def test_a_test_split_needs_no_labels_but_a_missing_pair_column_is_refused_by_sp
 
 # ---- metrics -----------------------------------------------------------------------------------
 
-def test_predict_from_logits_gives_each_problem_types_predictions_and_scores() -> None:
+def test_predict_from_logits_and_task_metrics_give_each_problem_types_figures() -> None:
     logits = np.array([[2.0, 0.0, -1.0], [0.0, 3.0, 0.5]])
     predictions, scores = predict_from_logits(logits, SINGLE)
     assert predictions.tolist() == [0, 1]
@@ -235,6 +233,16 @@ def test_predict_from_logits_gives_each_problem_types_predictions_and_scores() -
     assert predict_from_logits(multi, MULTI, threshold=0.7)[0].tolist() == [[1, 0, 0], [0, 1, 0]]
     values, scores = predict_from_logits(np.array([[1.5], [-0.25]]), REGRESSION)
     assert values.tolist() == scores.tolist() == [1.5, -0.25]
+    single = task_metrics(np.array([[2.0, 0.0], [0.0, 1.0], [3.0, 0.0]]), np.array([0, 1, 1]), SINGLE, ["x", "y"])
+    assert single["accuracy"] == pytest.approx(2 / 3)
+    assert single["confusion_matrix"] == [[1, 0], [1, 1]]
+    logits, labels = np.array([[1.0, -1.0], [-1.0, 0.5]]), np.array([[1.0, 0.0], [0.0, 1.0]])
+    assert task_metrics(logits, labels, MULTI, ["x", "y"])["subset_accuracy"] == 1.0
+    # sigmoid(0.5) = 0.62: below a threshold of 0.7 the second row loses its label.
+    assert task_metrics(logits, labels, MULTI, ["x", "y"], threshold=0.7)["subset_accuracy"] == 0.5
+    regression = task_metrics(np.array([[1.0], [2.0], [3.0]]), np.array([1.0, 2.0, 4.0]), REGRESSION, [])
+    assert regression["mse"] == pytest.approx(1 / 3)
+    assert regression["pearson"] == pytest.approx(pearsonr([1.0, 2.0, 3.0], [1.0, 2.0, 4.0])[0])
 
 
 def test_regression_metrics_match_numpy_scipy_and_a_hand_computed_example() -> None:
@@ -288,19 +296,6 @@ def test_multi_label_metrics_match_a_hand_computed_example_and_hold_for_no_or_al
     assert (negatives["f1_micro"], negatives["f1_macro"]) == (0.0, 0.0)
 
 
-def test_task_metrics_pick_the_problem_types_metrics_from_logits() -> None:
-    single = task_metrics(np.array([[2.0, 0.0], [0.0, 1.0], [3.0, 0.0]]), np.array([0, 1, 1]), SINGLE, ["x", "y"])
-    assert single["accuracy"] == pytest.approx(2 / 3)
-    assert single["confusion_matrix"] == [[1, 0], [1, 1]]
-    logits, labels = np.array([[1.0, -1.0], [-1.0, 0.5]]), np.array([[1.0, 0.0], [0.0, 1.0]])
-    assert task_metrics(logits, labels, MULTI, ["x", "y"])["subset_accuracy"] == 1.0
-    # sigmoid(0.5) = 0.62: below a threshold of 0.7 the second row loses its label.
-    assert task_metrics(logits, labels, MULTI, ["x", "y"], threshold=0.7)["subset_accuracy"] == 0.5
-    regression = task_metrics(np.array([[1.0], [2.0], [3.0]]), np.array([1.0, 2.0, 4.0]), REGRESSION, [])
-    assert regression["mse"] == pytest.approx(1 / 3)
-    assert regression["pearson"] == pytest.approx(pearsonr([1.0, 2.0, 3.0], [1.0, 2.0, 4.0])[0])
-
-
 # ---- modeling: the task in the model's config ---------------------------------------------------
 
 TASKS = {
@@ -329,17 +324,14 @@ def test_load_model_records_the_task_in_its_config_and_regression_has_one_output
     assert (model.config.problem_type, model.config.num_labels, model.classifier.out_features) == (REGRESSION, 1, 1)
     batch = smoke.build_tokenizer()(["good movie", "bad"], padding=True, return_tensors="pt")
     assert model(**batch).logits.shape == (2, 1)
+    config = AutoConfig.from_pretrained(smoke_assets / "tiny-bert")  # a checkpoint saved without a task
+    assert Task.from_config(config) == Task(SINGLE, ["LABEL_0", "LABEL_1"])  # single-label, default inputs
 
 
 @pytest.mark.parametrize("name", TASKS)
 def test_a_saved_model_gives_back_its_task(smoke_assets: Path, tmp_path: Path, name: str) -> None:
     tiny_model(smoke_assets, TASKS[name]).save_pretrained(tmp_path / "model")
     assert Task.from_config(AutoConfig.from_pretrained(tmp_path / "model")) == TASKS[name]
-
-
-def test_a_checkpoint_saved_without_a_task_reads_as_single_label_with_default_inputs(smoke_assets: Path) -> None:
-    config = AutoConfig.from_pretrained(smoke_assets / "tiny-bert")
-    assert Task.from_config(config) == Task(SINGLE, ["LABEL_0", "LABEL_1"])
 
 
 # ---- predict: columns and files ----------------------------------------------------------------
@@ -391,14 +383,11 @@ def test_write_rows_keeps_row_order_and_puts_predictions_after_the_input_columns
     assert label_sets == (["food|sports", "", "music"] if suffix == ".csv" else columns["prediction"])
 
 
-def test_write_rows_writes_a_json_array_of_more_rows_than_one_writer_batch(tmp_path: Path) -> None:
+def test_write_rows_writes_a_json_array_past_one_batch_refuses_a_prediction_column(tmp_path: Path) -> None:
     rows = Dataset.from_dict({"text": [f"review {i}" for i in range(1001)]})  # datasets writes 1000 per batch
     path = write_rows(rows, {"prediction": ["good"] * 1001}, str(tmp_path / "predictions.json"))
     written = json.loads(path.read_text())
     assert [row["text"] for row in written] == rows["text"] and written[-1]["prediction"] == "good"
-
-
-def test_write_rows_refuses_an_input_that_already_has_a_prediction_column(tmp_path: Path) -> None:
     rows = Dataset.from_dict(dict(text=["good", "bad"], prediction=["x", "y"]))
     with pytest.raises(ConfigError, match=r"^--input_file already has column\(s\) prediction, which the "
                                           r"predictions would replace: rename them$"):

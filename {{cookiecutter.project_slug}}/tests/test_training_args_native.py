@@ -1,8 +1,5 @@
-"""The native loop's own flags: exactly what it implements, under transformers' names and defaults.
-
-The names and defaults it shares with transformers.TrainingArguments let a config file move between
-the loops.
-"""
+"""The native loop's own flags: exactly what it implements, under the names and defaults of
+transformers.TrainingArguments, so that a config file moves between the loops."""
 
 from __future__ import annotations
 
@@ -61,10 +58,14 @@ def test_every_flag_has_a_transformers_namesake_and_its_default_except_the_docum
     assert differing == OWN_DEFAULTS | fused
 
 
-def test_precision_is_left_to_the_run_start_not_resolved_while_parsing() -> None:
+@pytest.mark.usefixtures("isolated_process")
+def test_precision_is_left_to_the_run_start_which_refuses_contradictory_flags() -> None:
     """Each process resolves it when it picks its device (train.setup_distributed); the Trainer variant's differs."""
     parsed = parse()
     assert (parsed.mixed_precision, parsed.fp16, parsed.bf16, parsed.use_cpu) == ("auto", False, False, False)
+    args = parse("--use_cpu", "true", "--fp16", "true", "--bf16", "true")
+    with pytest.raises(ConfigError, match="--fp16 and --bf16"):
+        package_module("train").setup_distributed(args)
 
 
 @pytest.mark.parametrize("flags", [
@@ -109,6 +110,8 @@ def test_the_flags_it_implements_are_parsed_to_their_types() -> None:
                    "--no_dataloader_pin_memory")
     assert {name: getattr(parsed, name) for name in expected} == expected
     assert parsed.dataloader_pin_memory is False
+    parsed = parse("--logging_steps", "0.25", "--save_steps", "0.5", "--eval_steps", "1")  # fractions below 1
+    assert (parsed.logging_steps, parsed.save_steps, parsed.eval_steps) == (0.25, 0.5, 1)
 
 
 @pytest.mark.slow  # a real launch
@@ -135,15 +138,3 @@ WHOLE_OR_FRACTION = "use a whole number of steps, or a fraction of the run below
 def test_bad_step_intervals_are_refused(flag: str, value: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse(flag, value)
-
-
-def test_fractional_intervals_below_one_are_accepted() -> None:
-    parsed = parse("--logging_steps", "0.25", "--save_steps", "0.5", "--eval_steps", "1")
-    assert (parsed.logging_steps, parsed.save_steps, parsed.eval_steps) == (0.25, 0.5, 1)
-
-
-@pytest.mark.usefixtures("isolated_process")
-def test_contradictory_precision_flags_are_refused_before_any_process_group_starts() -> None:
-    args = parse("--use_cpu", "true", "--fp16", "true", "--bf16", "true")
-    with pytest.raises(ConfigError, match="--fp16 and --bf16"):
-        package_module("train").setup_distributed(args)
