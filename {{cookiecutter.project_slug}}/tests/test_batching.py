@@ -105,7 +105,7 @@ def train_batches(count: int, world_size: int, rank: int = 0, **flags):
                                         on_gpu=False, checkpoint=None)
 
 
-def test_plan_counts_a_short_last_window_as_a_step_and_refuses_a_step_larger_than_the_data() -> None:
+def test_plan_counts_a_short_last_window_and_refuses_a_step_larger_than_the_data() -> None:
     # 100 examples over 2 ranks: 50 each, 13 micro-batches of 4 (the last holds 2); 13 / 3 -> 5 steps.
     _, loader, plan = train_batches(100, 2, gradient_accumulation_steps=3, num_train_epochs=2)
     assert len(loader) == plan.micro_batches_per_epoch == 13

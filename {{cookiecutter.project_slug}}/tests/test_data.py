@@ -58,15 +58,26 @@ def test_load_raw_datasets_reads_each_local_format(tmp_path: Path, suffix: str) 
     assert raw["validation"]["label"] == [row["label"] for row in validation]
 
 
-def test_without_a_validation_file_a_seeded_share_of_train_is_held_out(tmp_path: Path) -> None:
+def test_a_seeded_share_of_train_is_held_out_without_a_validation_file_and_max_samples_keep_the_first(
+    tmp_path: Path,
+) -> None:
     rows = example_rows(50, seed=1)
-    train_file = str(write_rows(tmp_path / "train.jsonl", rows))
+    train_file = str(write_rows(tmp_path / "unsplit.jsonl", rows))
     raw = load(tmp_path, train_file=train_file, validation_split_percentage=20)
     assert (len(raw["train"]), len(raw["validation"])) == (40, 10)
     held_out, kept = set(raw["validation"]["text"]), set(raw["train"]["text"])
     assert held_out.isdisjoint(kept) and held_out | kept == {row["text"] for row in rows}
     again = load(tmp_path, train_file=train_file, validation_split_percentage=20)
     assert again["validation"]["text"] == raw["validation"]["text"]  # same seed, same split on every rank
+    train, validation = example_rows(30, seed=1), example_rows(12, seed=2)
+    raw = load(tmp_path, train_file=str(write_rows(tmp_path / "train.jsonl", train)),
+               validation_file=str(write_rows(tmp_path / "validation.jsonl", validation)),
+               max_train_samples=7, max_eval_samples=5)
+    assert raw["train"]["text"] == [row["text"] for row in train[:7]]
+    assert raw["validation"]["text"] == [row["text"] for row in validation[:5]]
+    bigger = load(tmp_path, train_file=str(tmp_path / "train.jsonl"),
+                  validation_file=str(tmp_path / "validation.jsonl"), max_train_samples=1000)
+    assert len(bigger["train"]) == 30
 
 
 NOT_A_COLUMN = "'sentence' is not a column of the train split; columns are: text, label"
@@ -87,18 +98,6 @@ def test_a_missing_column_or_file_or_a_malformed_file_is_refused_by_name(
     options = {name: value.format(tmp=tmp_path) for name, value in options.items()}
     with pytest.raises(ConfigError, match=message.format(tmp=tmp_path)):
         load(tmp_path, **{"train_file": train_file, **options})
-
-
-def test_max_train_and_eval_samples_keep_the_first_examples(tmp_path: Path) -> None:
-    train, validation = example_rows(30, seed=1), example_rows(12, seed=2)
-    raw = load(tmp_path, train_file=str(write_rows(tmp_path / "train.jsonl", train)),
-               validation_file=str(write_rows(tmp_path / "validation.jsonl", validation)),
-               max_train_samples=7, max_eval_samples=5)
-    assert raw["train"]["text"] == [row["text"] for row in train[:7]]
-    assert raw["validation"]["text"] == [row["text"] for row in validation[:5]]
-    bigger = load(tmp_path, train_file=str(tmp_path / "train.jsonl"),
-                  validation_file=str(tmp_path / "validation.jsonl"), max_train_samples=1000)
-    assert len(bigger["train"]) == 30
 
 
 # ---- labels and tokenising ---------------------------------------------------------------------
@@ -146,7 +145,7 @@ def test_tokenize_maps_labels_to_ids_in_label_names_order() -> None:
     assert class_labels["train"]["labels"] == [1, 0, 1]
 
 
-def test_tokenize_keeps_only_model_inputs_records_each_length_and_truncates_at_max_seq_length() -> None:
+def test_tokenize_keeps_model_inputs_records_lengths_and_truncates() -> None:
     data, _ = tokenized(in_memory(["a", "b", "a", "b", "a"], ["a"]))
     assert sorted(data["train"].column_names) == [
         "attention_mask", "input_ids", "labels", "length", "token_type_ids", "truncated"]
@@ -191,7 +190,7 @@ def features_of_lengths(*lengths: int) -> list[dict]:
     ]
 
 
-def test_collator_drops_helper_columns_and_pads_to_the_longest_in_the_batch_or_a_multiple_of_8() -> None:
+def test_collator_drops_helper_columns_and_pads_to_the_longest_or_a_multiple_of_8() -> None:
     tokenizer = smoke.build_tokenizer()
     batch = build_collator(tokenizer, mixed_precision=False)(features_of_lengths(4, 10, 6))
     assert sorted(batch) == ["attention_mask", "input_ids", "labels", "token_type_ids"]

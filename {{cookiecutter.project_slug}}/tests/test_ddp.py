@@ -45,22 +45,20 @@ def first_run(smoke_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> d
 
 @pytest.fixture(scope="module")
 def resumed_run(first_run: dict, smoke_assets: Path) -> dict:
-    """The same output_dir, two more epochs: must pick up the newest checkpoint by itself."""
     output_dir = first_run["output_dir"]
     torchrun([PROBE, *smoke_flags(smoke_assets, output_dir), "--num_train_epochs", str(EPOCHS + 2)])
     return {"output_dir": output_dir, "records": read_probe(output_dir)}
 
 
-def test_world_size_is_two_only_rank_zero_logs_and_ddp_syncs_no_buffers_silently(first_run: dict) -> None:
+def test_two_ranks_end_with_identical_weights_rank_zero_alone_logs_no_buffers_are_synced(
+    first_run: dict, smoke_assets: Path
+) -> None:
     assert [record["rank"] for record in first_run["records"]] == [0, 1]
     assert [record["world_size"] for record in first_run["records"]] == [2, 2]
     assert first_run["log"].count(" train examples, ") == 1
     assert first_run["log"].count("metrics written to") == 1
     assert [record["ddp_broadcast_buffers"] for record in first_run["records"]] == [0, 0]  # a collective a step
     assert "broadcast_buffers" not in first_run["log"]  # no FutureWarning per rank about the flag's name
-
-
-def test_ranks_end_with_identical_weights(first_run: dict, smoke_assets: Path) -> None:
     probe = first_run["output_dir"] / "probe"
     rank0, rank1 = load_file(probe / "rank0.safetensors"), load_file(probe / "rank1.safetensors")
     assert rank0.keys() == rank1.keys()
@@ -71,7 +69,7 @@ def test_ranks_end_with_identical_weights(first_run: dict, smoke_assets: Path) -
     assert len(moved) > len(initial) // 2, "training barely changed the weights"
 
 
-def test_loss_starts_at_chance_and_goes_down_on_disjoint_shards_covering_each_epoch(first_run: dict) -> None:
+def test_loss_falls_from_chance_on_disjoint_shards_covering_each_epoch(first_run: dict) -> None:
     losses = first_run["records"][0]["logged_losses"]
     # Two balanced classes start at ln 2. A loss scaled by the world size would start near 2 ln 2.
     assert losses[0] == pytest.approx(math.log(2), abs=0.05)
@@ -102,7 +100,7 @@ def test_eval_counts_every_example_exactly_once(first_run: dict, smoke_assets: P
     assert metrics["eval_loss"] == pytest.approx(output.loss.item(), abs=1e-5)
 
 
-def test_metrics_json_holds_an_eval_above_chance_per_class_results_and_throughput(first_run: dict) -> None:
+def test_metrics_json_holds_eval_above_chance_per_class_and_throughput(first_run: dict) -> None:
     metrics = json.loads((first_run["output_dir"] / "metrics.json").read_text())
     assert metrics["eval_accuracy"] > 0.8
     assert metrics["eval_f1_macro"] > 0.8
@@ -118,7 +116,7 @@ def test_metrics_json_holds_an_eval_above_chance_per_class_results_and_throughpu
     assert (confusion[0][0] + confusion[1][1]) / EVAL_SIZE == pytest.approx(metrics["eval_accuracy"])
 
 
-def test_output_dir_holds_the_curves_the_label_names_and_the_epoch_checkpoints(first_run: dict) -> None:
+def test_output_dir_holds_curves_label_names_and_epoch_checkpoints(first_run: dict) -> None:
     assert (first_run["output_dir"] / "training_curves.png").read_bytes().startswith(b"\x89PNG")
     config = json.loads((first_run["output_dir"] / "config.json").read_text())
     assert config["id2label"] == {"0": "negative", "1": "positive"}

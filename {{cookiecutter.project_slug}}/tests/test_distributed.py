@@ -129,7 +129,7 @@ def test_impossible_or_contradictory_precision_settings_are_refused(
 def test_a_precision_flag_use_cpu_and_a_ddp_backend_given_win_over_what_auto_would_pick(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # auto would pick bf16 here; --fp16 given directly overrides it, and agrees with its own name.
+    # auto would pick bf16 here; --fp16 given directly overrides it.
     assert resolve_device_settings("auto", fp16=True, **GPU).precision == "fp16"
     assert resolve_device_settings("fp16", fp16=True, **GPU).precision == "fp16"
     assert resolve_device_settings("auto", bf16=True, cuda_available=False).precision == "bf16"

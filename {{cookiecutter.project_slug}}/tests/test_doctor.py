@@ -75,9 +75,7 @@ def test_backend_reports_the_store_all_reduce_round_trip_and_bandwidth(two_nodes
     assert 0 < round_trip < large and bandwidth > 0
 
 
-def test_unwritable_output_dir_fails_naming_it_and_a_setting_train_refuses_is_status_2(
-    smoke_assets: Path, tmp_path: Path
-) -> None:
+def test_an_unwritable_output_dir_fails_a_refused_setting_exits_2(smoke_assets: Path, tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("a file where output_dir needs a folder\n")
     result = run_alone(smoke_flags(smoke_assets, blocker / "output"))

@@ -14,7 +14,7 @@ classification_metrics, write_metrics = names_from("metrics", "classification_me
 pytestmark = pytest.mark.usefixtures("isolated_process")  # offline, one process, no state left behind
 
 
-def test_metrics_match_a_hand_computed_example_flatten_their_inputs_and_handle_no_examples() -> None:
+def test_metrics_match_by_hand_flatten_their_inputs_and_handle_no_examples() -> None:
     labels = np.array([0, 0, 1, 1, 2, 2])
     predictions = np.array([0, 1, 1, 1, 0, 0])  # class 2 never predicted; class 3 absent from both
     metrics = classification_metrics(predictions, labels, ["a", "b", "c", "d"])
@@ -52,7 +52,7 @@ def test_training_curves_plot_loss_learning_rate_and_eval_metrics_logged_more_th
     assert not (tmp_path / "one_step.png").exists()
 
 
-def test_write_metrics_writes_sorted_json_an_evaluation_alone_keeps_train_figures(tmp_path: Path) -> None:
+def test_write_metrics_sorts_and_an_evaluation_alone_keeps_train_figures(tmp_path: Path) -> None:
     path = write_metrics(str(tmp_path / "new" / "dir"), dict(f1_macro=0.4, accuracy=0.5, num_examples=6), trained=True)
     assert path == tmp_path / "new" / "dir" / "metrics.json"
     text = path.read_text()

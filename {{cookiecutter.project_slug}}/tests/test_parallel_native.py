@@ -32,7 +32,7 @@ def test_fsdp_on_one_process_trains_the_whole_model_after_finding_its_blocks(bui
     assert parallel.transformer_blocks(job.module) is job.module.bert.encoder.layer
 
 
-def test_fsdp_refuses_a_model_without_repeated_blocks_and_a_torch_whose_fsdp2_trains_to_other_weights(
+def test_fsdp_refuses_a_model_without_repeated_blocks_and_an_older_torch(
         monkeypatch) -> None:
     with pytest.raises(ConfigError, match=r"^--fsdp: found no list of repeated transformer blocks in "
                                           r"Sequential to shard one by one; train it without --fsdp$"):

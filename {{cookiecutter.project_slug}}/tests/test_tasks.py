@@ -33,9 +33,7 @@ smoke = package_module("smoke")
 SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
 
 
-# Offline, one process, no accelerate state left behind (conftest), and datasets cached in tmp_path:
-# predict reads files.
-pytestmark = pytest.mark.usefixtures("isolated_process", "datasets_cache_in_tmp_path")
+pytestmark = pytest.mark.usefixtures("isolated_process", "datasets_cache_in_tmp_path")  # predict reads files
 
 
 def data_args(**options) -> object:
@@ -106,7 +104,7 @@ def test_decide_task_carries_the_flags_caps_max_seq_length_and_needs_numbers_for
     assert decide_task(raw, data_args(max_seq_length=64), model_max_length=128).max_seq_length == 64
 
 
-def test_multi_label_names_refuse_unseen_or_no_labels_and_class_label_lists_keep_their_order() -> None:
+def test_multi_label_names_refuse_unseen_or_no_labels_keep_class_label_order() -> None:
     raw = in_memory(["a|b", "b"], ["a|zebra", "yak"])
     with pytest.raises(ConfigError, match=r"validation has labels not seen in train: \['yak', 'zebra'\]"):
         label_names(raw, "label", MULTI, "|")
@@ -133,7 +131,7 @@ def pair_task(max_seq_length: int = 512, problem_type: str = SINGLE, names: tupl
     return Task(problem_type, list(names), text_pair_column="second", max_seq_length=max_seq_length)
 
 
-def test_pairs_get_segment_ids_and_truncation_cuts_the_longer_text_flagging_the_rows_it_cut() -> None:
+def test_pairs_get_segment_ids_and_truncation_cuts_the_longer_text_first() -> None:
     tokenizer = smoke.build_tokenizer()
     data = tokenize_datasets(pairs(["good movie", "bad"], ["great fun film", "dull plot"]), tokenizer, pair_task())
     first = data["train"][0]
@@ -155,7 +153,7 @@ def test_pairs_get_segment_ids_and_truncation_cuts_the_longer_text_flagging_the_
     assert (exact["length"], exact["truncated"]) == ([7], [False])  # fits exactly: not cut
 
 
-def test_labels_are_encoded_per_problem_type_and_only_for_the_train_and_validation_splits() -> None:
+def test_labels_are_encoded_per_problem_type_only_in_train_and_validation() -> None:
     tokenizer = smoke.build_tokenizer()
     floats = tokenize_datasets(in_memory([0.5, 4.25], [3.0]), tokenizer, Task(REGRESSION, []))
     assert floats["train"]["labels"] == [0.5, 4.25]
@@ -197,7 +195,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
-def test_a_test_split_needs_no_labels_but_a_missing_pair_column_is_refused_by_split(tmp_path: Path) -> None:
+def test_a_test_split_needs_no_labels_but_needs_the_pair_column(tmp_path: Path) -> None:
     labelled = [dict(text=f"good {i}", second="fun", label="a") for i in range(6)]
     train = write_jsonl(tmp_path / "train.jsonl", labelled)
     validation = write_jsonl(tmp_path / "validation.jsonl", labelled[:2])
@@ -272,7 +270,7 @@ def test_degenerate_regression_inputs_give_zero_correlations_not_nan(predictions
     assert not any(isinstance(value, float) and math.isnan(value) for value in metrics.values())
 
 
-def test_multi_label_metrics_match_a_hand_computed_example_and_hold_for_no_or_all_negative_rows() -> None:
+def test_multi_label_metrics_match_by_hand_and_handle_empty_or_negative_rows() -> None:
     labels = np.array([[1, 0, 1, 0], [0, 1, 0, 0], [1, 1, 0, 0]])
     predictions = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 1, 0]])
     metrics = multi_label_metrics(predictions, labels, ["a", "b", "c", "d"])
@@ -311,7 +309,7 @@ def tiny_model(assets: Path, task: object) -> torch.nn.Module:
                       task)
 
 
-def test_load_model_records_the_task_in_its_config_and_regression_has_one_output(smoke_assets: Path) -> None:
+def test_load_model_records_the_task_and_gives_regression_one_output(smoke_assets: Path) -> None:
     model = tiny_model(smoke_assets, TASKS["multi"])
     config = model.config
     assert (config.problem_type, config.num_labels, model.classifier.out_features) == (MULTI, 3, 3)
@@ -383,7 +381,7 @@ def test_write_rows_keeps_row_order_and_puts_predictions_after_the_input_columns
     assert label_sets == (["food|sports", "", "music"] if suffix == ".csv" else columns["prediction"])
 
 
-def test_write_rows_writes_a_json_array_past_one_batch_refuses_a_prediction_column(tmp_path: Path) -> None:
+def test_write_rows_writes_one_json_array_and_refuses_a_prediction_column(tmp_path: Path) -> None:
     rows = Dataset.from_dict({"text": [f"review {i}" for i in range(1001)]})  # datasets writes 1000 per batch
     path = write_rows(rows, {"prediction": ["good"] * 1001}, str(tmp_path / "predictions.json"))
     written = json.loads(path.read_text())
@@ -430,7 +428,7 @@ def test_predict_file_predicts_every_row_in_input_order_as_the_model_does_one_by
     ("second", [dict(text="good", label="same")],
      "^--text_pair_column 'second' is not a column of {input_file}; columns are: text, label$"),
 ], ids=["missing-file", "row-without-text", "input-without-the-pair-column"])
-def test_predict_file_refuses_a_missing_file_a_row_without_text_or_an_input_without_the_pair_column(
+def test_predict_file_refuses_a_missing_file_a_row_without_text_or_no_pair_column(
     smoke_assets: Path, tmp_path: Path, pair_column: str | None, rows: list[dict], message: str
 ) -> None:
     task = Task(SINGLE, ["different", "same"], text_pair_column=pair_column)

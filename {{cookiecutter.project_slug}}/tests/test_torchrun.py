@@ -37,7 +37,7 @@ def test_the_exit_status_says_whether_the_workers_saved_or_finished(
     assert capsys.readouterr().err.startswith(line)
 
 
-def test_module_workers_are_forked_from_the_launcher_once_it_has_imported_the_module_never_after_cuda(
+def test_module_workers_fork_from_the_launcher_after_the_import_never_after_cuda(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     monkeypatch.delenv("PREFLIGHT_WORLD_SIZE", raising=False)
     monkeypatch.delitem(sys.modules, f"{PACKAGE}.metrics", raising=False)

@@ -43,7 +43,7 @@ def test_other_ranks_write_nothing_and_start_no_tracker(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_rank_0_records_a_run_id_the_next_run_continues_but_settings_you_made_win(tmp_path: Path) -> None:
+def test_rank_0_records_a_run_id_to_continue_but_your_settings_win(tmp_path: Path) -> None:
     first = tracking.tracker_settings("wandb", str(tmp_path), is_main_process=True)
     assert (first["WANDB_DIR"], first["WANDB_RESUME"]) == (str(tmp_path.resolve()), "allow")
     assert tracking.tracker_settings("wandb", str(tmp_path), is_main_process=True) == first

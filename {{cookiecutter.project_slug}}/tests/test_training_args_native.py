@@ -44,7 +44,6 @@ def transformers_default(field: dataclasses.Field):
 
 
 def test_every_flag_has_a_transformers_namesake_and_its_default_except_the_documented_ones() -> None:
-    """So a config written for the Trainer variant runs here, and the reverse, as long as it uses these flags."""
     names = {field.name for field in dataclasses.fields(transformers.TrainingArguments)}
     assert sorted(field.name for field in dataclasses.fields(TrainingArguments) if field.name not in names) \
         == sorted(PROJECT_FLAGS)
