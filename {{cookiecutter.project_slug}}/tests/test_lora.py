@@ -16,7 +16,9 @@ load_model, load_tokenizer = names_from("modeling", "load_model", "load_tokenize
 pytestmark = pytest.mark.usefixtures("isolated_process")  # offline, one process, no state left behind
 
 
-def test_lora_flags_default_to_full_training_and_refuse_another_ranks_checkpoint(tmp_path: Path) -> None:
+def test_the_flags_take_loras_default_to_training_every_weight_and_a_checkpoint_of_another_rank_is_refused(
+    tmp_path: Path,
+) -> None:
     model_args, _, _ = parse_args([*REQUIRED, "--lora_r", "8", "--lora_target_modules", "q_proj,v_proj"])
     assert isinstance(model_args, LoraArguments) and isinstance(model_args, ModelArguments)
     assert (model_args.lora_r, model_args.lora_alpha, model_args.lora_dropout) == (8, 16, 0.05)
