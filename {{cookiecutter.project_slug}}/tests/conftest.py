@@ -34,7 +34,6 @@ IS_NATIVE = (REPO_ROOT / "src" / PACKAGE / "checkpoint.py").is_file()  # the nat
 
 
 def package_module(name: str):
-    """Import <package>.<name>, e.g. package_module("train")."""
     return importlib.import_module(f"{PACKAGE}.{name}")
 
 
@@ -93,7 +92,6 @@ def isolated_process(monkeypatch: pytest.MonkeyPatch):
 
 @pytest.fixture
 def datasets_cache_in_tmp_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """datasets caches the files it reads (predict's and train's own loading) in the test's tmp_path."""
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets_cache")
 
 
@@ -111,7 +109,6 @@ def in_memory(train_labels: list, validation_labels: list, features: Features | 
 
 
 def task_of(*names: str, **inputs) -> object:
-    """A single-label Task over these label names (data.Task)."""
     return package_module("data").Task("single_label_classification", list(names), **inputs)
 
 
@@ -171,16 +168,11 @@ def finish(process: subprocess.Popen, timeout: int = 300) -> subprocess.Complete
 
 def torchrun(args: list[str], nproc: int = 2, timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess:
     """`torchrun --standalone --nproc_per_node=N <script | -m module> args`, as a plain command."""
-    result = finish(start_torchrun(args, nproc), timeout)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    result = finish(start([*command, *args], run_env()), timeout)
     if check and result.returncode != 0:
         pytest.fail(f"torchrun exited {result.returncode}:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
     return result
-
-
-def start_torchrun(args: list[str], nproc: int = 2) -> subprocess.Popen:
-    """Start torchrun (python -m torch.distributed.run) on a free port of its own (--standalone)."""
-    return start([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args],
-                 run_env())
 
 
 def run_python(args: list[str], timeout: int = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -1,10 +1,8 @@
-"""Run by the tests under torchrun: train for real, recording what this rank trained on and holds.
-
-Each rank writes <output_dir>/probe/rank<RANK>.json (world size, the train indices it consumed in
-each epoch, sorted and in the order it fetched them, optimizer steps run, the checkpoint it resumed
-from, logged losses, every log entry and the bytes of parameters DDP all-reduces) and
-rank<RANK>.safetensors (its final weights).
-"""
+"""Run by the tests under torchrun: train for real, recording what this rank trained on and holds. Each
+rank writes <output_dir>/probe/rank<RANK>.json (world size, the train indices it consumed in each epoch,
+sorted and in the order it fetched them, optimizer steps run, the checkpoint it resumed from, logged
+losses, every log entry and the bytes of parameters DDP all-reduces) and rank<RANK>.safetensors (its final
+weights)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""Run by the tests under torchrun: train for real, recording what this rank trained on and holds.
-
-Each rank writes <output_dir>/probe/rank<RANK>.json (world size, the train indices it consumed in
-each epoch, optimizer steps run, the checkpoint it resumed from, logged losses, the bytes of
-parameters DDP all-reduces) and rank<RANK>.safetensors (its final weights).
-"""
+"""Run by the tests under torchrun: train for real, recording what this rank trained on and holds. Each
+rank writes <output_dir>/probe/rank<RANK>.json (world size, the train indices it consumed in each epoch,
+optimizer steps run, the checkpoint it resumed from, logged losses, the bytes of parameters DDP
+all-reduces) and rank<RANK>.safetensors (its final weights)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """The native loop's data plumbing, in process: which examples each rank trains on, and the batch plan.
-
-A sampler is built once per rank, as every rank does under torchrun, and the ranks' shards are then
-compared with each other: disjoint, covering, length-grouped and the same from run to run.
-"""
+A sampler is built once per rank, as every rank does under torchrun, and the ranks' shards compared."""
 
 from __future__ import annotations
 
@@ -40,7 +37,6 @@ def shards(lengths: list[int], world_size: int, epoch: int = 0, seed: int = 1, *
 
 
 # ---- the length-grouped distributed sampler ----------------------------------------------------
-
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_length_grouped_shards_partition_the_data_when_divisible(world_size: int) -> None:
@@ -80,15 +76,11 @@ def test_length_grouped_order_is_the_same_on_every_rank_new_each_epoch_and_steps
         rank0, rank1 = ([lengths[i] for i in shard[step:step + BATCH]] for shard in per_rank)
         assert min(rank0) >= max(rank1)
     assert lengths[per_rank[0][0]] == max(lengths)  # the longest step first: out of memory at once
-
-
-def test_sampler_refuses_a_rank_outside_the_world() -> None:
     with pytest.raises(ValueError, match=r"rank 2 is outside \[0, 2\)"):
         DistributedLengthGroupedSampler([5] * 8, BATCH, num_replicas=2, rank=2)
 
 
 # ---- resuming part-way through an epoch --------------------------------------------------------
-
 
 def test_resumable_sampler_starts_the_epoch_after_the_examples_already_trained_on() -> None:
     lengths = lognormal_lengths(103)
@@ -105,31 +97,21 @@ def test_resumable_sampler_starts_the_epoch_after_the_examples_already_trained_o
 
 # ---- the train sampler, loader and batch plan --------------------------------------------------
 
-
-def train_set(count: int) -> Dataset:
-    return Dataset.from_dict(dict(length=lognormal_lengths(count)))
-
-
-def args(**flags) -> TrainingArguments:
-    return TrainingArguments(**{"per_device_train_batch_size": BATCH, **flags})
-
-
 def train_batches(count: int, world_size: int, rank: int = 0, **flags):
     """(sampler, loader, plan) for one rank, as the native loop builds them."""
-    return batching.build_train_batches(train_set(count), args(**flags), collator=None, rank=rank,
-                                        world_size=world_size, on_gpu=False, checkpoint=None)
+    train_set = Dataset.from_dict(dict(length=lognormal_lengths(count)))
+    args = TrainingArguments(**{"per_device_train_batch_size": BATCH, **flags})
+    return batching.build_train_batches(train_set, args, collator=None, rank=rank, world_size=world_size,
+                                        on_gpu=False, checkpoint=None)
 
 
-def test_plan_counts_a_short_last_accumulation_window_as_a_step() -> None:
+def test_plan_counts_a_short_last_window_and_refuses_a_step_larger_than_the_data() -> None:
     # 100 examples over 2 ranks: 50 each, 13 micro-batches of 4 (the last holds 2); 13 / 3 -> 5 steps.
     _, loader, plan = train_batches(100, 2, gradient_accumulation_steps=3, num_train_epochs=2)
     assert len(loader) == 13
     assert (plan.steps_per_epoch, plan.total_steps) == (5, 10)
     assert plan.as_dict()["global_batch_size"] == BATCH * 3 * 2
     assert train_batches(100, 2, gradient_accumulation_steps=3, max_steps=7)[2].total_steps == 7  # wins over epochs
-
-
-def test_plan_refuses_an_optimizer_step_larger_than_the_train_set() -> None:
     # The global batch counts the accumulation steps, as the preflight and the Trainer count it.
     with pytest.raises(ConfigError, match=r"^one optimizer step takes 16 examples \(2 process\(es\) x "
                                           r"--per_device_train_batch_size 4 x --gradient_accumulation_steps 2\), "

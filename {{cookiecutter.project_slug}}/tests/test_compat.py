@@ -25,7 +25,7 @@ def changed(api: str, how: str) -> str:
 
 
 #% if cookiecutter.training_loop == "native"
-def test_grad_scaler_get_scale_async_gives_the_scale_as_a_tensor() -> None:
+def test_grad_scaler_gives_the_scale_and_setting_last_epoch_back_sets_a_schedule_back() -> None:
     scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
     scaler.scale(torch.ones(()))  # sets the scale up
     assert hasattr(scaler, "_get_scale_async"), changed("GradScaler._get_scale_async", "is gone")
@@ -34,9 +34,6 @@ def test_grad_scaler_get_scale_async_gives_the_scale_as_a_tensor() -> None:
     assert torch.equal(scaler._get_scale_async(), torch.tensor(8.0)), changed("GradScaler._get_scale_async",
                                                                              "no longer returns the scale")
     assert torch.equal(compat.loss_scale(scaler), torch.tensor(8.0))
-
-
-def test_setting_last_epoch_back_sets_a_lambda_schedule_back() -> None:
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: step)  # the rate is the step count
     for _ in range(3):

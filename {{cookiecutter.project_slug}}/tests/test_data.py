@@ -1,7 +1,5 @@
-"""data.py: loading local files, label names, tokenising, the collator and the steps of similar length.
-
-The tokenizer is the tiny offline one from smoke.py; data is built in memory or written into tmp_path.
-"""
+"""data.py: loading local files, label names, tokenising, the collator and the steps of similar length. The
+tokenizer is the tiny offline one from smoke.py; data is built in memory or written into tmp_path."""
 
 from __future__ import annotations
 
@@ -24,15 +22,12 @@ ConfigError = names_from("config", "ConfigError")
     "tokenize_datasets", "warn_of_unknown_tokens"
 )
 smoke = package_module("smoke")
+example_rows = smoke.synthetic_examples
 
 pytestmark = pytest.mark.usefixtures("isolated_process")  # offline, one process, no state left behind
 
 
 # ---- loading local files -----------------------------------------------------------------------
-
-def example_rows(count: int, seed: int) -> list[dict]:
-    return smoke.synthetic_examples(count, seed)
-
 
 def write_rows(path: Path, rows: list[dict]) -> Path:
     if path.suffix == ".csv":
@@ -63,42 +58,17 @@ def test_load_raw_datasets_reads_each_local_format(tmp_path: Path, suffix: str) 
     assert raw["validation"]["label"] == [row["label"] for row in validation]
 
 
-def test_without_a_validation_file_a_seeded_share_of_train_is_held_out(tmp_path: Path) -> None:
+def test_a_seeded_share_of_train_is_held_out_without_a_validation_file_and_max_samples_keep_the_first(
+    tmp_path: Path,
+) -> None:
     rows = example_rows(50, seed=1)
-    train_file = str(write_rows(tmp_path / "train.jsonl", rows))
+    train_file = str(write_rows(tmp_path / "unsplit.jsonl", rows))
     raw = load(tmp_path, train_file=train_file, validation_split_percentage=20)
     assert (len(raw["train"]), len(raw["validation"])) == (40, 10)
     held_out, kept = set(raw["validation"]["text"]), set(raw["train"]["text"])
     assert held_out.isdisjoint(kept) and held_out | kept == {row["text"] for row in rows}
     again = load(tmp_path, train_file=train_file, validation_split_percentage=20)
     assert again["validation"]["text"] == raw["validation"]["text"]  # same seed, same split on every rank
-
-
-@pytest.mark.parametrize(("option", "flag"), [("text_column", "--text_column"), ("label_column", "--label_column")])
-def test_missing_column_is_refused_naming_the_flag_and_the_columns(tmp_path: Path, option: str, flag: str) -> None:
-    train_file = str(write_rows(tmp_path / "train.csv", example_rows(20, seed=1)))
-    with pytest.raises(ConfigError, match=f"{flag} 'sentence' is not a column of the train split; "
-                                          "columns are: text, label"):
-        load(tmp_path, train_file=train_file, **{option: "sentence"})
-
-
-def test_missing_file_is_refused_by_name(tmp_path: Path) -> None:
-    train_file = str(write_rows(tmp_path / "train.jsonl", example_rows(10, seed=1)))
-    missing = str(tmp_path / "dev.jsonl")
-    with pytest.raises(ConfigError, match=f"--validation_file '{missing}' not found"):
-        load(tmp_path, train_file=train_file, validation_file=missing)
-    with pytest.raises(ConfigError, match=f"--train_file '{missing}' not found"):
-        load(tmp_path, train_file=missing)
-
-
-def test_malformed_file_is_refused(tmp_path: Path) -> None:
-    broken = tmp_path / "train.json"
-    broken.write_text('{"text": "good film", "label": 1}\n{"text": oops\n')
-    with pytest.raises(ConfigError, match=f"could not read {broken} as json"):
-        load(tmp_path, train_file=str(broken))
-
-
-def test_max_train_and_eval_samples_keep_the_first_examples(tmp_path: Path) -> None:
     train, validation = example_rows(30, seed=1), example_rows(12, seed=2)
     raw = load(tmp_path, train_file=str(write_rows(tmp_path / "train.jsonl", train)),
                validation_file=str(write_rows(tmp_path / "validation.jsonl", validation)),
@@ -110,32 +80,51 @@ def test_max_train_and_eval_samples_keep_the_first_examples(tmp_path: Path) -> N
     assert len(bigger["train"]) == 30
 
 
+NOT_A_COLUMN = "'sentence' is not a column of the train split; columns are: text, label"
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(text_column="sentence"), f"--text_column {NOT_A_COLUMN}"),
+    (dict(label_column="sentence"), f"--label_column {NOT_A_COLUMN}"),
+    (dict(validation_file="{tmp}/dev.jsonl"), "--validation_file '{tmp}/dev.jsonl' not found"),
+    (dict(train_file="{tmp}/dev.jsonl"), "--train_file '{tmp}/dev.jsonl' not found"),
+    (dict(train_file="{tmp}/broken.json"), "could not read {tmp}/broken.json as json"),
+], ids=["text-column", "label-column", "missing-validation-file", "missing-train-file", "malformed-file"])
+def test_a_missing_column_or_file_or_a_malformed_file_is_refused_by_name(
+    tmp_path: Path, options: dict, message: str
+) -> None:
+    train_file = str(write_rows(tmp_path / "train.csv", example_rows(20, seed=1)))
+    (tmp_path / "broken.json").write_text('{"text": "good film", "label": 1}\n{"text": oops\n')
+    options = {name: value.format(tmp=tmp_path) for name, value in options.items()}
+    with pytest.raises(ConfigError, match=message.format(tmp=tmp_path)):
+        load(tmp_path, **{"train_file": train_file, **options})
+
+
 # ---- labels and tokenising ---------------------------------------------------------------------
 
-@pytest.mark.parametrize(("train", "validation", "names"), [
-    (["pos", "neg", "neutral", "neg"], ["neg", "pos"], ["neg", "neutral", "pos"]),
-    ([10, 2, 0, 2], [0, 10], ["0", "2", "10"]),  # ints sorted as numbers, then named as strings
-])
-def test_labels_are_sorted(train: list, validation: list, names: list[str]) -> None:
-    assert label_names(in_memory(train, validation), "label") == names
+CLASS_LABELS = Features(text=Value("string"), label=ClassLabel(names=["pos", "neg", "neutral"]))
 
 
-def test_class_label_names_keep_their_order() -> None:
-    features = Features(text=Value("string"), label=ClassLabel(names=["pos", "neg", "neutral"]))
-    raw = in_memory([0, 1, 1], [2], features=features)  # "neutral" only in validation: still a class
-    assert label_names(raw, "label") == ["pos", "neg", "neutral"]
+@pytest.mark.parametrize(("train", "validation", "features", "names"), [
+    (["pos", "neg", "neutral", "neg"], ["neg", "pos"], None, ["neg", "neutral", "pos"]),
+    ([10, 2, 0, 2], [0, 10], None, ["0", "2", "10"]),  # ints sorted as numbers, then named as strings
+    ([0, 1, 1], [2], CLASS_LABELS, ["pos", "neg", "neutral"]),  # "neutral" only in validation: still a class
+], ids=["strings", "ints", "class-labels"])
+def test_labels_are_sorted_but_class_label_names_keep_their_order(
+    train: list, validation: list, features: Features | None, names: list[str]
+) -> None:
+    assert label_names(in_memory(train, validation, features), "label") == names
 
 
-def test_validation_labels_unseen_in_train_are_refused() -> None:
-    raw = in_memory(["neg", "pos"], ["pos", "meh", "awful"])
-    with pytest.raises(ConfigError, match=r"validation has labels not seen in train: \['awful', 'meh'\]"):
-        label_names(raw, "label")
-
-
-def test_empty_train_labels_are_refused() -> None:
-    raw = in_memory(["neg", None], ["neg"])
-    with pytest.raises(ConfigError, match="has empty values in the train split"):
-        label_names(raw, "label")
+@pytest.mark.parametrize(("train", "validation", "message"), [
+    (["neg", "pos"], ["pos", "meh", "awful"], r"validation has labels not seen in train: \['awful', 'meh'\]"),
+    (["neg", None], ["neg"], "has empty values in the train split"),
+], ids=["unseen-in-train", "empty-in-train"])
+def test_validation_labels_unseen_in_train_and_empty_train_labels_are_refused(
+    train: list, validation: list, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        label_names(in_memory(train, validation), "label")
 
 
 def tokenized(raw: DatasetDict, max_seq_length: int = 512) -> tuple[DatasetDict, list[str]]:
@@ -156,16 +145,13 @@ def test_tokenize_maps_labels_to_ids_in_label_names_order() -> None:
     assert class_labels["train"]["labels"] == [1, 0, 1]
 
 
-def test_tokenize_keeps_only_model_inputs_and_records_each_length() -> None:
+def test_tokenize_keeps_model_inputs_records_lengths_and_truncates() -> None:
     data, _ = tokenized(in_memory(["a", "b", "a", "b", "a"], ["a"]))
     assert sorted(data["train"].column_names) == [
         "attention_mask", "input_ids", "labels", "length", "token_type_ids", "truncated"]
     # "good" x (i % 5 + 1) plus [CLS] and [SEP].
     assert data["train"]["length"] == [3, 4, 5, 6, 7]
     assert data["train"]["length"] == [len(ids) for ids in data["train"]["input_ids"]]
-
-
-def test_tokenize_truncates_at_max_seq_length() -> None:
     tokenizer = smoke.build_tokenizer()
     data, _ = tokenized(in_memory(["a", "b", "a", "b", "a"], ["a"]), max_seq_length=5)
     assert data["train"]["length"] == [3, 4, 5, 5, 5]
@@ -204,7 +190,7 @@ def features_of_lengths(*lengths: int) -> list[dict]:
     ]
 
 
-def test_collator_drops_helper_columns_and_pads_to_the_longest_in_the_batch() -> None:
+def test_collator_drops_helper_columns_and_pads_to_the_longest_or_a_multiple_of_8() -> None:
     tokenizer = smoke.build_tokenizer()
     batch = build_collator(tokenizer, mixed_precision=False)(features_of_lengths(4, 10, 6))
     assert sorted(batch) == ["attention_mask", "input_ids", "labels", "token_type_ids"]
@@ -214,10 +200,6 @@ def test_collator_drops_helper_columns_and_pads_to_the_longest_in_the_batch() ->
     assert batch["labels"].tolist() == [0, 1, 0]
     short = build_collator(tokenizer, mixed_precision=False)(features_of_lengths(4, 5))
     assert short["input_ids"].shape == (2, 5)  # dynamic: this batch's longest, not max_seq_length
-
-
-def test_collator_pads_to_a_multiple_of_8_only_under_mixed_precision() -> None:
-    tokenizer = smoke.build_tokenizer()
     assert build_collator(tokenizer, mixed_precision=True)(features_of_lengths(4, 10))["input_ids"].shape == (2, 16)
     assert build_collator(tokenizer, mixed_precision=True)(features_of_lengths(4, 16))["input_ids"].shape == (2, 16)
     assert build_collator(tokenizer, mixed_precision=False)(features_of_lengths(4, 10))["input_ids"].shape == (2, 10)
@@ -225,13 +207,12 @@ def test_collator_pads_to_a_multiple_of_8_only_under_mixed_precision() -> None:
 
 # ---- steps of similar length (--train_sampling_strategy group_by_length, both loops) --------------
 
-
 def grouped(lengths: list[int], step: int, epoch: int = 0) -> list[list[int]]:
     generator = torch.Generator().manual_seed(epoch)
     return length_grouped_steps(torch.randperm(len(lengths), generator=generator).tolist(), lengths, step, generator)
 
 
-def test_a_small_epoch_pads_almost_as_little_as_one_sorted_by_length() -> None:
+def test_steps_pad_little_are_sorted_shuffled_regrouped_every_epoch_and_the_longest_first() -> None:
     rng = random.Random(0)
     lengths = [min(120, max(6, int(rng.lognormvariate(3.0, 0.7)))) for _ in range(256)]  # long-tailed, as reviews
     steps = grouped(lengths, 8)  # 32 steps of 8 on 2 ranks of 4: 2 megabatches (at least 4 padded 7% more)
@@ -239,9 +220,6 @@ def test_a_small_epoch_pads_almost_as_little_as_one_sorted_by_length() -> None:
     padded = sum(4 * max(lengths[i] for i in step[half:half + 4]) for step in steps for half in (0, 4))
     least = sum(4 * sorted(lengths)[i + 3] for i in range(0, 256, 4))  # batches of 4 in length order
     assert padded <= 1.04 * least
-
-
-def test_steps_are_sorted_shuffled_regrouped_every_epoch_and_the_longest_first() -> None:
     lengths = random.Random(0).sample(range(6, 600), 256)  # no ties; 32 steps of 8: 2 megabatches of 16
     steps = grouped(lengths, 8)
     assert all([lengths[i] for i in step] == sorted((lengths[i] for i in step), reverse=True) for step in steps)

@@ -1,15 +1,12 @@
 """device.py and distributed.py in process: backend and precision, rank order, the gradient check and loader
-workers.
-
-No torchrun and no GPU: process groups and the CPU count are patched per test. The choice of GPU, with
-torch.cuda's queries patched, is the template's proof (its tests/proofs/test_gpu_node.py).
-"""
+workers. No torchrun and no GPU: process groups and the CPU count are patched per test. The choice of GPU,
+with torch.cuda's queries patched, is the template's proof (its tests/proofs/test_gpu_node.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import names_from, package_module
+from conftest import REQUIRED, names_from, package_module, parse_args
 
 ConfigError = names_from("config", "ConfigError")
 device, distributed = package_module("device"), package_module("distributed")
@@ -37,6 +34,7 @@ PRECISION_TABLE = [
     ("no", True, False, "no"),
     ("no", True, True, "no"),
 ]
+GPU = dict(cuda_available=True, bf16_supported=True)
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
@@ -54,12 +52,6 @@ def test_resolve_device_settings_picks_precision_device_and_backend(
     assert settings.precision == expected
     assert settings.use_cpu is (not cuda)
     assert settings.ddp_backend == (None if world_size == 1 else "nccl" if cuda else "gloo")
-
-
-def test_bf16_on_a_gpu_that_only_emulates_it_is_refused_naming_the_alternatives() -> None:
-    with pytest.raises(ConfigError, match=r"^--mixed_precision bf16: this GPU has no native bf16 .* use "
-                                         r"--mixed_precision fp16 or auto$"):
-        resolve_device_settings("auto", bf16=True, cuda_available=True, bf16_supported=False)
 
 
 def test_rank_zero_prepares_data_before_every_other_rank_even_on_other_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,9 +99,7 @@ def test_gradients_ddp_left_unaveraged_are_named_with_the_parameter_that_had_non
         check_gradients_against(monkeypatch, model, unaveraged)
     assert str(raised.value) == expected
     check_gradients_against(monkeypatch, model, lambda sums: sums)  # averaged: equal sums, NaN for none, pass
-
-
-def test_unaveraged_gradients_without_a_missing_one_name_the_other_causes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without a missing gradient, the error names the other causes.
     model = torch.nn.Linear(2, 2)
     model(torch.ones(1, 2)).sum().backward()
     with pytest.raises(RuntimeError, match=r"in 1 parameter tensor\(s\) \(bias\): DDP did not average them\. Every "
@@ -117,44 +107,35 @@ def test_unaveraged_gradients_without_a_missing_one_name_the_other_causes(monkey
         check_gradients_against(monkeypatch, model, lambda sums: sums + torch.tensor([0.0, 1.0], dtype=sums.dtype))
 
 
-def test_fp16_on_cpu_is_refused_with_a_message_naming_mixed_precision() -> None:
-    with pytest.raises(ConfigError, match=r"--mixed_precision fp16 needs a CUDA GPU.*--mixed_precision no"):
-        resolve_device_settings("auto", fp16=True, cuda_available=False)
-    # --use_cpu on a GPU machine is CPU too.
-    with pytest.raises(ConfigError, match="--mixed_precision fp16 needs a CUDA GPU"):
-        resolve_device_settings("fp16", use_cpu=True, cuda_available=True, bf16_supported=True)
+@pytest.mark.parametrize(("mixed_precision", "options", "message"), [
+    ("auto", dict(bf16=True, cuda_available=True, bf16_supported=False),
+     r"^--mixed_precision bf16: this GPU has no native bf16 .* use --mixed_precision fp16 or auto$"),
+    ("auto", dict(fp16=True, cuda_available=False),
+     r"--mixed_precision fp16 needs a CUDA GPU.*--mixed_precision no"),
+    ("fp16", dict(use_cpu=True, **GPU), "--mixed_precision fp16 needs a CUDA GPU"),  # --use_cpu on a GPU
+    ("auto", dict(fp16=True, bf16=True, **GPU), "--fp16 and --bf16 are both set"),
+    ("bf16", dict(fp16=True, **GPU), "--fp16 contradicts --mixed_precision bf16"),
+    ("no", dict(fp16=True, **GPU), "--fp16 contradicts --mixed_precision no"),
+    ("fp16", dict(bf16=True, **GPU), "--bf16 contradicts --mixed_precision fp16"),
+], ids=["bf16-emulated", "fp16-cpu", "use-cpu", "fp16-and-bf16", "bf16-fp16", "no-fp16", "fp16-bf16"])
+def test_impossible_or_contradictory_precision_settings_are_refused(
+    mixed_precision: str, options: dict, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        resolve_device_settings(mixed_precision, **options)
 
 
-def test_use_cpu_wins_over_an_available_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    settings = resolve_device_settings("auto", use_cpu=True, cuda_available=True, bf16_supported=True)
-    assert (settings.use_cpu, settings.ddp_backend, settings.precision) == (True, "gloo", "no")
-
-
-def test_fp16_and_bf16_together_are_refused() -> None:
-    with pytest.raises(ConfigError, match="--fp16 and --bf16 are both set"):
-        resolve_device_settings("auto", fp16=True, bf16=True, cuda_available=True, bf16_supported=True)
-
-
-@pytest.mark.parametrize(("mixed_precision", "flags"), [("bf16", "fp16"), ("no", "fp16"), ("fp16", "bf16")])
-def test_explicit_precision_flag_contradicting_mixed_precision_is_refused(mixed_precision: str, flags: str) -> None:
-    with pytest.raises(ConfigError, match=f"--{flags} contradicts --mixed_precision {mixed_precision}"):
-        resolve_device_settings(
-            mixed_precision, fp16=flags == "fp16", bf16=flags == "bf16", cuda_available=True, bf16_supported=True
-        )
-
-
-def test_explicit_precision_flag_wins_over_auto_and_agrees_with_its_own_name() -> None:
+def test_a_precision_flag_use_cpu_and_a_ddp_backend_given_win_over_what_auto_would_pick(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # auto would pick bf16 here; --fp16 given directly overrides it.
-    assert resolve_device_settings("auto", fp16=True, cuda_available=True, bf16_supported=True).precision == "fp16"
-    assert resolve_device_settings("fp16", fp16=True, cuda_available=True, bf16_supported=True).precision == "fp16"
+    assert resolve_device_settings("auto", fp16=True, **GPU).precision == "fp16"
+    assert resolve_device_settings("fp16", fp16=True, **GPU).precision == "fp16"
     assert resolve_device_settings("auto", bf16=True, cuda_available=False).precision == "bf16"
-
-
-def test_explicit_ddp_backend_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert resolve_device_settings("auto", ddp_backend="gloo", cuda_available=True, bf16_supported=True).ddp_backend \
-        == "gloo"
+    settings = resolve_device_settings("auto", use_cpu=True, **GPU)
+    assert (settings.use_cpu, settings.ddp_backend, settings.precision) == (True, "gloo", "no")
+    assert resolve_device_settings("auto", ddp_backend="gloo", **GPU).ddp_backend == "gloo"
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert resolve_device_settings("no", ddp_backend="nccl", cuda_available=True).ddp_backend == "nccl"
 
@@ -172,8 +153,6 @@ def test_loader_workers_default_to_this_process_share_of_the_cpus(
 def test_loader_workers_follow_the_machine_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(distributed.os, "sched_getaffinity", lambda pid: set(range(6)), raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    parse_args = package_module("config").parse_args
-    training_args = package_module("training_args").TrainingArguments
-    data = ["--model_name_or_path", "m", "--train_file", "t.csv", "--output_dir", "out", "--use_cpu", "true"]
-    assert parse_args(training_args, data)[2].dataloader_num_workers == 2
-    assert parse_args(training_args, [*data, "--dataloader_num_workers", "0"])[2].dataloader_num_workers == 0
+    flags = [*REQUIRED, "--use_cpu", "true"]
+    assert parse_args(flags)[2].dataloader_num_workers == 2
+    assert parse_args([*flags, "--dataloader_num_workers", "0"])[2].dataloader_num_workers == 0

@@ -1,9 +1,7 @@
-"""The doctor prints one line per check and exits 1 on a failure that would stop training, 2 on a
-command line train refuses; the launch scripts' help names it.
-
-The healthy run is two local nodes through train_multi_node.sh (MODULE=<package>.doctor, c10d), the
-way a cluster user runs it. The failures run in one process: an output_dir under a regular file (the
-tests run as root, so chmod would not stop the writes), and a setting train refuses.
+"""The doctor's checks (the launch scripts' help naming it: test_scripts.py). The healthy run is two local
+nodes through train_multi_node.sh (MODULE=<package>.doctor, c10d), the way a cluster user runs it. The
+failures run in one process: an output_dir under a regular file (the tests run as root, so chmod would
+not stop the writes), and a setting train refuses.
 """
 
 from __future__ import annotations
@@ -16,9 +14,8 @@ from pathlib import Path
 
 import pytest
 from conftest import PACKAGE, REPO_ROOT, finish, free_port, run_env, run_python, smoke_flags, start
-from test_scripts import LAUNCH_SCRIPTS, Launcher
 
-slow = pytest.mark.slow  # real launches: `make test-all`
+pytestmark = pytest.mark.slow  # real launches: `make test-all`
 
 DOCTOR = f"{PACKAGE}.doctor"
 LINE = re.compile(r"^(PASS|WARN|FAIL|SKIP)  (.+?)(?: \(node (\d+), [^)]*\))?: (.*)$", re.MULTILINE)
@@ -32,7 +29,6 @@ def check_lines(output: str) -> dict[tuple[str, str], tuple[str, str]]:
 
 
 def run_alone(args: list[str]) -> subprocess.CompletedProcess:
-    """The doctor in one plain process, as on a node before its job starts."""
     return run_python(["-m", DOCTOR, *args], timeout=120)
 
 
@@ -56,7 +52,6 @@ def two_nodes(smoke_assets: Path, tmp_path_factory: pytest.TempPathFactory) -> d
             "log": "\n".join(result.stdout + result.stderr for result in results)}
 
 
-@slow
 def test_healthy_two_node_run_prints_each_nodes_gpus_then_the_ranks_compared(two_nodes: dict) -> None:
     assert two_nodes["returncodes"] == [0, 0], two_nodes["log"][-4000:]
     statuses = {key: status for key, (status, _) in two_nodes["lines"].items()}
@@ -64,9 +59,12 @@ def test_healthy_two_node_run_prints_each_nodes_gpus_then_the_ranks_compared(two
     assert statuses == {("GPUs", "0"): "WARN", ("GPUs", "1"): "WARN", ("backend", ""): "PASS",
                         ("same versions", ""): "PASS", ("output_dir", ""): "PASS"}, two_nodes["output"]
     assert two_nodes["output"].count("doctor: 0 failed, 2 warning(s): ready to train") == 1
+    # output_dir is seen by all ranks and left clean.
+    assert two_nodes["lines"]["output_dir", ""][1].endswith("all 2 ranks see each other's files in it")
+    assert two_nodes["lines"]["same versions", ""][1].startswith("all 2 ranks run torch ")
+    assert list(two_nodes["output_dir"].iterdir()) == [], "the doctor left its files behind"
 
 
-@slow
 def test_backend_reports_the_store_all_reduce_round_trip_and_bandwidth(two_nodes: dict) -> None:
     _, backend = two_nodes["lines"]["backend", ""]
     match = re.search(r"^gloo started in [\d.e-]+ s on 2 ranks, all connected to the store at \S+:\d+; "
@@ -77,15 +75,7 @@ def test_backend_reports_the_store_all_reduce_round_trip_and_bandwidth(two_nodes
     assert 0 < round_trip < large and bandwidth > 0
 
 
-@slow
-def test_output_dir_is_seen_by_all_ranks_and_left_clean(two_nodes: dict) -> None:
-    assert two_nodes["lines"]["output_dir", ""][1].endswith("all 2 ranks see each other's files in it")
-    assert two_nodes["lines"]["same versions", ""][1].startswith("all 2 ranks run torch ")
-    assert list(two_nodes["output_dir"].iterdir()) == [], "the doctor left its files behind"
-
-
-@slow
-def test_unwritable_output_dir_fails_and_names_it(smoke_assets: Path, tmp_path: Path) -> None:
+def test_an_unwritable_output_dir_fails_a_refused_setting_exits_2(smoke_assets: Path, tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("a file where output_dir needs a folder\n")
     result = run_alone(smoke_flags(smoke_assets, blocker / "output"))
@@ -95,20 +85,8 @@ def test_unwritable_output_dir_fails_and_names_it(smoke_assets: Path, tmp_path: 
     assert lines["output_dir", ""][1].startswith(f"{blocker / 'output'} is not writable (rank 0 ")
     assert lines["ranks", ""][0] == "SKIP"  # one process: no group to start
     assert "doctor: 1 failed" in result.stdout
-
-
-@slow
-def test_a_setting_train_refuses_is_its_error_line_and_status_2(smoke_assets: Path, tmp_path: Path) -> None:
+    # A setting train refuses is its error line and status 2.
     result = run_alone([*smoke_flags(smoke_assets, tmp_path), "--max_seq_length", "0"])
     assert result.returncode == 2
     assert result.stderr.startswith("error: --max_seq_length 0: must be >= 1"), result.stderr
     assert check_lines(result.stdout) == {}
-
-
-@pytest.mark.parametrize("script", LAUNCH_SCRIPTS)
-def test_launch_scripts_help_names_the_doctor_as_a_module(script: str, tmp_path: Path) -> None:
-    launcher = Launcher(tmp_path)
-    result = launcher.run(script, "--help")
-    assert result.returncode == 0, result.stderr
-    assert f"{DOCTOR} checks the set-up" in result.stdout
-    assert launcher.calls() == []

@@ -1,8 +1,6 @@
-"""lora.py: LoRA's flags, read by the training command's parser, and the adapters load_model adds.
-
-Training with LoRA, its checkpoints, resuming and merge_lora are proved on real runs by the template's
-tests/proofs/test_models.py.
-"""
+"""lora.py: LoRA's flags, read by the training command's parser, and the adapters load_model adds. Training
+with LoRA, its checkpoints, resuming and merge_lora are proved on real runs by the template's
+tests/proofs/test_models.py."""
 
 from __future__ import annotations
 
@@ -18,7 +16,9 @@ load_model, load_tokenizer = names_from("modeling", "load_model", "load_tokenize
 pytestmark = pytest.mark.usefixtures("isolated_process")  # offline, one process, no state left behind
 
 
-def test_the_training_flags_take_loras_and_default_to_training_every_weight() -> None:
+def test_the_flags_take_loras_default_to_training_every_weight_and_a_checkpoint_of_another_rank_is_refused(
+    tmp_path: Path,
+) -> None:
     model_args, _, _ = parse_args([*REQUIRED, "--lora_r", "8", "--lora_target_modules", "q_proj,v_proj"])
     assert isinstance(model_args, LoraArguments) and isinstance(model_args, ModelArguments)
     assert (model_args.lora_r, model_args.lora_alpha, model_args.lora_dropout) == (8, 16, 0.05)
@@ -26,9 +26,6 @@ def test_the_training_flags_take_loras_and_default_to_training_every_weight() ->
     assert parse_args(REQUIRED)[0].lora_r == 0
     with pytest.raises(ConfigError, match=r"^--lora_alpha 0.0: must be > 0$"):
         parse_args([*REQUIRED, "--lora_alpha", "0"])
-
-
-def test_a_checkpoint_of_another_rank_is_refused(tmp_path: Path) -> None:
     (tmp_path / "adapter_config.json").write_text('{"r": 8}')
     check_same_rank(tmp_path, 8)
     with pytest.raises(ConfigError, match="was trained with --lora_r 8, this run has --lora_r 4: pass --lora_r 8"):

@@ -14,7 +14,7 @@ classification_metrics, write_metrics = names_from("metrics", "classification_me
 pytestmark = pytest.mark.usefixtures("isolated_process")  # offline, one process, no state left behind
 
 
-def test_metrics_match_a_hand_computed_example() -> None:
+def test_metrics_match_by_hand_flatten_their_inputs_and_handle_no_examples() -> None:
     labels = np.array([0, 0, 1, 1, 2, 2])
     predictions = np.array([0, 1, 1, 1, 0, 0])  # class 2 never predicted; class 3 absent from both
     metrics = classification_metrics(predictions, labels, ["a", "b", "c", "d"])
@@ -31,9 +31,6 @@ def test_metrics_match_a_hand_computed_example() -> None:
                                          "support": 2}
     assert metrics["per_class"]["c"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 2}
     assert json.loads(json.dumps(metrics)) == metrics  # plain types: metrics.json takes them as they are
-
-
-def test_metrics_flatten_their_inputs_and_handle_no_examples() -> None:
     names = ["no", "yes"]
     assert classification_metrics(np.array([[1], [0]]), np.array([[1], [1]]), names)["accuracy"] == pytest.approx(0.5)
     empty = classification_metrics(np.array([], dtype=int), np.array([], dtype=int), names)
@@ -55,7 +52,7 @@ def test_training_curves_plot_loss_learning_rate_and_eval_metrics_logged_more_th
     assert not (tmp_path / "one_step.png").exists()
 
 
-def test_write_metrics_writes_sorted_json(tmp_path: Path) -> None:
+def test_write_metrics_sorts_and_an_evaluation_alone_keeps_train_figures(tmp_path: Path) -> None:
     path = write_metrics(str(tmp_path / "new" / "dir"), dict(f1_macro=0.4, accuracy=0.5, num_examples=6), trained=True)
     assert path == tmp_path / "new" / "dir" / "metrics.json"
     text = path.read_text()
@@ -63,9 +60,6 @@ def test_write_metrics_writes_sorted_json(tmp_path: Path) -> None:
     assert list(json.loads(text)) == ["accuracy", "f1_macro", "num_examples", "versions"]
     assert json.loads(text)["num_examples"] == 6
     assert json.loads(text)["versions"] == package_module("metrics").library_versions()
-
-
-def test_an_evaluation_alone_replaces_eval_figures_and_keeps_the_train_figures(tmp_path: Path) -> None:
     first = {"train_loss": 0.3, "epoch": 2.0, "eval_accuracy": 0.9, "eval_loss": 0.2}
     write_metrics(str(tmp_path), first, trained=True)
     write_metrics(str(tmp_path), {"eval_accuracy": 0.95, "eval_num_examples": 50, "epoch": 0.0}, trained=False)
@@ -76,15 +70,14 @@ def test_an_evaluation_alone_replaces_eval_figures_and_keeps_the_train_figures(t
     assert json.loads((tmp_path / "metrics.json").read_text()) == {"train_loss": 0.1, "versions": versions}
 
 
-def test_a_run_is_finished_when_no_step_is_left_and_its_metrics_are_written(tmp_path: Path) -> None:
+def test_a_run_is_finished_with_no_step_left_and_its_metrics_written_which_weigh_losses_by_steps(
+    tmp_path: Path,
+) -> None:
     is_finished = package_module("metrics").is_finished
     assert not is_finished(str(tmp_path), 0)  # trained to the end, but metrics.json was never written
     (tmp_path / "metrics.json").write_text("{}\n")
     assert is_finished(str(tmp_path), 0)
     assert not is_finished(str(tmp_path), 3)  # e.g. run again with more epochs
-
-
-def test_whole_run_metrics_weigh_each_logged_loss_by_the_steps_it_covers() -> None:
     metrics = package_module("metrics")
     history = [{"step": 2, "loss": 1.0}, {"step": 2, "eval_loss": 9.0}, {"step": 3, "loss": 0.4},
                {"step": 7, "loss": 0.1}]  # windows of 2, 1 and 4 steps, e.g. over a resume at step 3

@@ -1,8 +1,6 @@
-"""modeling.py: loading the model and tokenizer, label heads, fp32 weights and the refusals' words.
-
-The model and tokenizer are the tiny offline ones from smoke.py; the model with parameters its forward never
-uses is a tiny BigBird (conftest.tiny_bigbird).
-"""
+"""modeling.py: loading the model and tokenizer, label heads, fp32 weights and the refusals' words. The
+model and tokenizer are the tiny offline ones from smoke.py; the model with parameters its forward never
+uses is a tiny BigBird (conftest.tiny_bigbird)."""
 
 from __future__ import annotations
 
@@ -23,18 +21,16 @@ smoke = package_module("smoke")
 pytestmark = pytest.mark.usefixtures("isolated_process")  # offline, one process, no state left behind
 
 
-def test_load_model_names_the_labels_and_keeps_a_head_of_the_same_size(smoke_assets: Path) -> None:
+def test_load_model_keeps_a_head_of_the_same_size_and_refuses_another_unless_asked_for_a_fresh_one(
+    smoke_assets: Path,
+) -> None:
     folder = smoke_assets / "tiny-bert"
+    saved = load_file(folder / "model.safetensors")
     model = load_model(ModelArguments(model_name_or_path=str(folder)), task_of("negative", "positive"))
     assert model.config.num_labels == 2
     assert model.config.id2label == dict(enumerate(["negative", "positive"]))
     assert model.config.label2id == dict(negative=0, positive=1)
-    saved = load_file(folder / "model.safetensors")
     assert torch.equal(model.classifier.weight, saved["classifier.weight"])
-
-
-def test_checkpoint_with_another_label_count_is_refused_unless_asked_for_a_fresh_head(smoke_assets: Path) -> None:
-    folder = smoke_assets / "tiny-bert"
     with pytest.raises(ConfigError, match="--ignore_mismatched_sizes true"):
         load_model(ModelArguments(model_name_or_path=str(folder)), task_of("a", "b", "c"))
     fresh_head = ModelArguments(model_name_or_path=str(folder), ignore_mismatched_sizes=True)
@@ -42,7 +38,6 @@ def test_checkpoint_with_another_label_count_is_refused_unless_asked_for_a_fresh
     assert model.classifier.out_features == 3
     assert model.classifier.weight.shape == (3, 64)
     assert model.config.id2label == dict(enumerate(["a", "b", "c"]))
-    saved = load_file(folder / "model.safetensors")
     assert torch.equal(model.bert.embeddings.word_embeddings.weight, saved["bert.embeddings.word_embeddings.weight"])
 
 
@@ -94,7 +89,6 @@ def test_missing_smoke_assets_message_says_how_to_create_them(tmp_path: Path, mo
 
 # ---- parameters the forward never uses --------------------------------------------------------
 
-
 def frozen(model: torch.nn.Module) -> set[str]:
     return {name for name, parameter in model.named_parameters() if not parameter.requires_grad}
 
@@ -119,9 +113,15 @@ def test_parameters_the_forward_never_uses_are_frozen_and_named_in_one_line(
     assert frozen(load_model(args, task_of("negative", "positive"), tokenizer)) == set()
 
 
-def test_a_model_that_uses_every_parameter_has_none_frozen(smoke_assets: Path) -> None:
+def test_which_parameters_go_unused_depends_on_the_inputs_so_the_example_is_tokenised_as_training_does(
+    smoke_assets: Path,
+) -> None:
     """BERT's token type embeddings count as used even when no token_type_ids are passed: the model then
-    looks up type 0 from a buffer, and its gradient reaches the embedding."""
+    looks up type 0 from a buffer, and its gradient reaches the embedding, so none is frozen. XLNet adds its
+    segment embeddings only when given token_type_ids, which the tokenizer gives; its mask embedding serves
+    pretraining alone."""
+    from transformers import XLNetConfig, XLNetForSequenceClassification
+
     args = ModelArguments(model_name_or_path=str(smoke_assets / "tiny-bert"))
     tokenizer = load_tokenizer(args)
     model = load_model(args, task_of("negative", "positive"), tokenizer, freeze_unused=True)
@@ -130,16 +130,6 @@ def test_a_model_that_uses_every_parameter_has_none_frozen(smoke_assets: Path) -
     assert "token_type_ids" in inputs
     without_types = {key: value for key, value in inputs.items() if key != "token_type_ids"}
     assert modeling.unused_parameters(model, without_types) == []
-
-
-def test_which_parameters_go_unused_depends_on_the_inputs_so_the_example_is_tokenised_as_training_does(
-    smoke_assets: Path,
-) -> None:
-    """XLNet adds its segment embeddings only when given token_type_ids, which the tokenizer gives; its mask
-    embedding serves pretraining alone."""
-    from transformers import XLNetConfig, XLNetForSequenceClassification
-
-    tokenizer = load_tokenizer(ModelArguments(model_name_or_path=str(smoke_assets / "tiny-bert")))
     model = XLNetForSequenceClassification(XLNetConfig(vocab_size=len(tokenizer), d_model=32, n_layer=1, n_head=2,
                                                        d_inner=64))
     inputs = modeling.example_inputs(tokenizer, task_of("negative", "positive"))

@@ -15,10 +15,8 @@ train = package_module("train")
 
 
 @pytest.fixture
-def build_job(smoke_assets: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def build_job(smoke_assets: Path, tmp_path: Path, isolated_process):
     """A Job built here, in this process (no torchrun): build_job(*flags) on top of the smoke config."""
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
 
     def build(*flags: str):
         model_args, data_args, args = config.parse_args(train.TrainingArguments,

@@ -1,12 +1,8 @@
-"""A bad setting given to a launch script ends with one `error:` line before any worker starts.
-
-The first case runs scripts/train_single_node.sh for real (2 processes asked for), as a user would: its
-launcher (torchrun.py) runs the preflight before it forks the workers. The others run the same check
-alone, `python -m <package>.preflight` for 2 processes (tests/conftest.py's run_python). Each must be
-refused: exit status 2, one line on stderr, the last, no worker started, no traceback, no output_dir
-created. Errors only a worker can find are printed once, by the first process of the node. A good run
-passing the preflight is in tests/test_launch_end_to_end.py.
-"""
+"""A bad setting given to a launch script ends with one `error:` line before any worker starts. The first
+case runs scripts/train_single_node.sh for real (2 processes asked for), as a user would: its launcher
+(torchrun.py) runs the preflight before it forks the workers. The others run the same check alone,
+`python -m <package>.preflight` for 2 processes (tests/conftest.py's run_python). A good run passing the
+preflight is in tests/test_launch_end_to_end.py."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The launch scripts in scripts/: they parse, help starts nothing, a bad setting stops before torchrun,
-and the torchrun command each one builds.
-
-No test here starts torchrun. PYTHON, srun and scontrol point at a recorder that writes down how it
-was called, so each test reads the exact command a script would have run, or proves that nothing was
-run. No test needs SLURM, a GPU or the network.
-"""
+"""The launch scripts in scripts/, none run for real: PYTHON, srun and scontrol point at a recorder that
+writes down how it was called, so each test reads the exact command a script would have run, or proves
+that nothing was run. No test needs SLURM, a GPU or the network."""
 
 from __future__ import annotations
 
@@ -142,6 +138,9 @@ def test_help_lists_the_environment_and_starts_nothing(launcher: Launcher, scrip
     for word in ["NPROC_PER_NODE", "MAX_RESTARTS", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "OMP_NUM_THREADS",
                  "PYTHON", "PREFLIGHT", "MODULE"]:
         assert word in result.stdout, f"{word} missing from {script} {flag}"
+#% if cookiecutter.include_doctor
+    assert f"{PACKAGE}.doctor checks the set-up" in result.stdout  # MODULE's other module
+#% endif
     assert launcher.calls() == []
 
 

@@ -1,11 +1,6 @@
-"""The preflight and the training worker accept and refuse the same settings, with the same words.
-
-Both call one set of checks (config.check_training_settings while parsing, config.check_batch_fits
-once the data is loaded, device.resolve_device_settings for the precision). Each case runs
-`python -m <package>.preflight` and `python -m <package>.train` in this process, one process and
-no torchrun (the global batch counts the processes the same way in both; test_preflight.py covers
-2 processes through the launch script). An accepted run trains one step.
-"""
+"""The preflight and the training worker accept and refuse the same settings, with the same words. Each case
+runs `python -m <package>.preflight` and `python -m <package>.train` in this process, one process and no
+torchrun (test_preflight.py covers 2 processes through the launch script)."""
 
 from __future__ import annotations
 
@@ -40,7 +35,6 @@ CASES = [
 
 @pytest.fixture(autouse=True)
 def one_process(isolated_process, datasets_cache_in_tmp_path, monkeypatch: pytest.MonkeyPatch):
-    """conftest's isolated process, and the preflight counting this one process alone."""
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setenv("PREFLIGHT_WORLD_SIZE", "1")
 

@@ -1,10 +1,6 @@
-"""Fast in-process tests of the task types (sentence pairs, single-label, multi-label, regression) and predict.py.
-
-Sections follow the modules: config (the new data flags), data (deciding the task, tokenising pairs,
-encoding labels), metrics, modeling (the task recorded in the model's config) and predict. No
-torchrun: the model and tokenizer are the tiny offline ones from smoke.py, data is built in memory or
-written into tmp_path.
-"""
+"""Fast in-process tests of the task types (sentence pairs, single-label, multi-label, regression) and
+predict.py. No torchrun: the model and tokenizer are the tiny offline ones from smoke.py, data is built in
+memory or written into tmp_path."""
 
 from __future__ import annotations
 
@@ -19,6 +15,7 @@ import pytest
 import torch
 from conftest import PACKAGE, REQUIRED, in_memory, names_from, package_module, parse_args
 from datasets import ClassLabel, Dataset, DatasetDict, Features, List, Value
+from scipy.special import expit, softmax
 from scipy.stats import pearsonr, spearmanr
 from transformers import AutoConfig
 
@@ -36,9 +33,7 @@ smoke = package_module("smoke")
 SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
 
 
-# Offline, one process, no accelerate state left behind (conftest), and datasets cached in tmp_path:
-# predict reads files.
-pytestmark = pytest.mark.usefixtures("isolated_process", "datasets_cache_in_tmp_path")
+pytestmark = pytest.mark.usefixtures("isolated_process", "datasets_cache_in_tmp_path")  # predict reads files
 
 
 def data_args(**options) -> object:
@@ -63,7 +58,7 @@ def test_new_data_arguments_refuse_bad_settings(options: dict, message: str) -> 
         data_args(**options)
 
 
-def test_new_data_flags_land_and_default_to_auto_detection() -> None:
+def test_new_data_flags_land_default_to_auto_detection_and_do_predict_needs_a_test_file() -> None:
     _, defaults, _ = parse_args(REQUIRED)
     assert (defaults.problem_type, defaults.text_pair_column, defaults.label_delimiter) == ("auto", None, None)
     assert (defaults.multi_label_threshold, defaults.test_file) == (0.5, None)
@@ -72,9 +67,6 @@ def test_new_data_flags_land_and_default_to_auto_detection() -> None:
         "--multi_label_threshold", "0.3", "--test_file", "rows.csv", "--do_predict", "true"])
     assert (parsed.text_pair_column, parsed.problem_type, parsed.label_delimiter) == ("sentence2", MULTI, ";")
     assert (parsed.multi_label_threshold, parsed.test_file, training_args.do_predict) == (0.3, "rows.csv", True)
-
-
-def test_do_predict_without_a_test_file_is_refused() -> None:
     with pytest.raises(ConfigError, match="^--do_predict needs --test_file: the csv, json, jsonl or parquet rows"):
         parse_args([*REQUIRED, "--do_predict", "true"])
 
@@ -96,15 +88,12 @@ def test_auto_problem_type_follows_what_the_label_column_holds(
     assert task.num_labels == (1 if problem_type == REGRESSION else len(names))
 
 
-def test_explicit_regression_needs_numbers_in_the_label_column() -> None:
+def test_decide_task_carries_the_flags_caps_max_seq_length_and_needs_numbers_for_regression() -> None:
     task = decide_task(in_memory([1, 3, 2], [2]), data_args(problem_type=REGRESSION))
     assert (task.problem_type, task.label_names, task.num_labels) == (REGRESSION, [], 1)
     with pytest.raises(ConfigError, match=r"^--problem_type regression needs numbers in --label_column label; "
                                           r"it holds Value\('string'\)$"):
         decide_task(in_memory(["1.5", "2"], ["2"]), data_args(problem_type=REGRESSION))
-
-
-def test_decided_task_carries_the_flags_and_caps_max_seq_length_at_the_model_limit() -> None:
     raw = in_memory(["a", "b"], ["a"])
     for split in raw:
         raw[split] = raw[split].add_column("second", ["fine"] * len(raw[split]))
@@ -115,16 +104,14 @@ def test_decided_task_carries_the_flags_and_caps_max_seq_length_at_the_model_lim
     assert decide_task(raw, data_args(max_seq_length=64), model_max_length=128).max_seq_length == 64
 
 
-def test_multi_label_validation_labels_unseen_in_train_are_refused() -> None:
+def test_multi_label_names_refuse_unseen_or_no_labels_keep_class_label_order() -> None:
     raw = in_memory(["a|b", "b"], ["a|zebra", "yak"])
     with pytest.raises(ConfigError, match=r"validation has labels not seen in train: \['yak', 'zebra'\]"):
         label_names(raw, "label", MULTI, "|")
     with pytest.raises(ConfigError, match="holds no labels in the train split"):
         label_names(in_memory([[], []], [[]], Features(text=Value("string"), label=List(Value("string")))),
                     "label", MULTI)
-
-
-def test_multi_label_class_label_lists_keep_their_names_order_and_encode_multi_hot() -> None:
+    # Lists of ClassLabels keep their names' order and encode multi-hot.
     features = Features(text=Value("string"), label=List(ClassLabel(names=["sports", "food", "music"])))
     raw = in_memory([[0, 2], [], [1]], [[2, 1]], features=features)
     task = decide_task(raw, data_args())
@@ -144,7 +131,7 @@ def pair_task(max_seq_length: int = 512, problem_type: str = SINGLE, names: tupl
     return Task(problem_type, list(names), text_pair_column="second", max_seq_length=max_seq_length)
 
 
-def test_pairs_are_tokenised_as_pairs_with_segment_ids_on_the_second_text() -> None:
+def test_pairs_get_segment_ids_and_truncation_cuts_the_longer_text_first() -> None:
     tokenizer = smoke.build_tokenizer()
     data = tokenize_datasets(pairs(["good movie", "bad"], ["great fun film", "dull plot"]), tokenizer, pair_task())
     first = data["train"][0]
@@ -154,10 +141,6 @@ def test_pairs_are_tokenised_as_pairs_with_segment_ids_on_the_second_text() -> N
     assert data["train"][1]["token_type_ids"] == [0, 0, 0, 1, 1, 1]
     assert data["train"]["length"] == [8, 6]
     assert data["train"]["truncated"] == [False, False]
-
-
-def test_pair_truncation_cuts_the_longer_text_first_and_flags_exactly_the_rows_it_cut() -> None:
-    tokenizer = smoke.build_tokenizer()
     first = [words(12), "good", words(2), words(3)]
     second = ["fun", words(12, "film"), "fun", "fun"]
     data = tokenize_datasets(pairs(first, second), tokenizer, pair_task(max_seq_length=8))["train"]
@@ -170,7 +153,7 @@ def test_pair_truncation_cuts_the_longer_text_first_and_flags_exactly_the_rows_i
     assert (exact["length"], exact["truncated"]) == ([7], [False])  # fits exactly: not cut
 
 
-def test_labels_are_encoded_for_each_problem_type() -> None:
+def test_labels_are_encoded_per_problem_type_only_in_train_and_validation() -> None:
     tokenizer = smoke.build_tokenizer()
     floats = tokenize_datasets(in_memory([0.5, 4.25], [3.0]), tokenizer, Task(REGRESSION, []))
     assert floats["train"]["labels"] == [0.5, 4.25]
@@ -182,14 +165,9 @@ def test_labels_are_encoded_for_each_problem_type() -> None:
     multi_hot = tokenize_datasets(in_memory(["sports | food", "", "music"], ["food"]), tokenizer, delimited)
     assert multi_hot["train"]["labels"] == [[1.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
     assert multi_hot["train"].features["labels"] == List(Value("float64"))  # BCE loss takes float rows
-    single = tokenize_datasets(in_memory(["b", "a", "c"], ["c"]), tokenizer, Task(SINGLE, ["a", "b", "c"]))
-    assert single["train"]["labels"] == [1, 0, 2]
-
-
-def test_labels_are_encoded_only_for_the_train_and_validation_splits() -> None:
     raw = in_memory(["a", "b"], ["a"])
     raw["test"] = raw["validation"]  # a test file with labels: predicted, not scored
-    data = tokenize_datasets(raw, smoke.build_tokenizer(), Task(SINGLE, ["a", "b"]))
+    data = tokenize_datasets(raw, tokenizer, Task(SINGLE, ["a", "b"]))
     assert "labels" in data["train"].column_names and "labels" in data["validation"].column_names
     assert sorted(data["test"].column_names) == ["attention_mask", "input_ids", "length", "token_type_ids", "truncated"]
 
@@ -217,7 +195,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
-def test_load_raw_datasets_adds_a_test_split_that_needs_no_labels(tmp_path: Path) -> None:
+def test_a_test_split_needs_no_labels_but_needs_the_pair_column(tmp_path: Path) -> None:
     labelled = [dict(text=f"good {i}", second="fun", label="a") for i in range(6)]
     train = write_jsonl(tmp_path / "train.jsonl", labelled)
     validation = write_jsonl(tmp_path / "validation.jsonl", labelled[:2])
@@ -228,15 +206,10 @@ def test_load_raw_datasets_adds_a_test_split_that_needs_no_labels(tmp_path: Path
     assert raw["test"].column_names == ["text", "second"]
     assert raw["test"]["text"] == ["bad", "ok"]
     assert len(raw["train"]) == 6
-
-
-def test_a_missing_text_pair_column_is_refused_naming_the_split(tmp_path: Path) -> None:
-    labelled = [dict(text=f"good {i}", second="fun", label="a") for i in range(6)]
-    train = write_jsonl(tmp_path / "train.jsonl", labelled)
-    test = write_jsonl(tmp_path / "test.jsonl", [dict(text="bad")])
+    unpaired = write_jsonl(tmp_path / "unpaired.jsonl", [dict(text="bad")])
     with pytest.raises(ConfigError, match="^--text_pair_column 'second' is not a column of the test split; "
                                           "columns are: text$"):
-        load_raw_datasets(DataArguments(train_file=train, test_file=test, text_pair_column="second"),
+        load_raw_datasets(DataArguments(train_file=train, test_file=unpaired, text_pair_column="second"),
                           cache_dir=str(tmp_path / "cache"))
     with pytest.raises(ConfigError, match="^--text_pair_column 'sentence2' is not a column of the train split; "
                                           "columns are: text, second, label$"):
@@ -246,27 +219,28 @@ def test_a_missing_text_pair_column_is_refused_naming_the_split(tmp_path: Path) 
 
 # ---- metrics -----------------------------------------------------------------------------------
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return shifted / shifted.sum(axis=-1, keepdims=True)
-
-
-def sigmoid(logits: np.ndarray) -> np.ndarray:
-    return 1 / (1 + np.exp(-logits))
-
-
-def test_predict_from_logits_gives_each_problem_types_predictions_and_scores() -> None:
+def test_predict_from_logits_and_task_metrics_give_each_problem_types_figures() -> None:
     logits = np.array([[2.0, 0.0, -1.0], [0.0, 3.0, 0.5]])
     predictions, scores = predict_from_logits(logits, SINGLE)
     assert predictions.tolist() == [0, 1]
-    np.testing.assert_allclose(scores, softmax(logits).max(axis=1))
+    np.testing.assert_allclose(scores, softmax(logits, axis=1).max(axis=1))
     multi = np.array([[2.0, -2.0, 0.0], [0.5, 1.0, -0.1]])
     predictions, scores = predict_from_logits(multi, MULTI)
     assert predictions.tolist() == [[1, 0, 0], [1, 1, 0]]  # sigmoid(0) = 0.5 is not above 0.5
-    np.testing.assert_allclose(scores, sigmoid(multi))
+    np.testing.assert_allclose(scores, expit(multi))
     assert predict_from_logits(multi, MULTI, threshold=0.7)[0].tolist() == [[1, 0, 0], [0, 1, 0]]
     values, scores = predict_from_logits(np.array([[1.5], [-0.25]]), REGRESSION)
     assert values.tolist() == scores.tolist() == [1.5, -0.25]
+    single = task_metrics(np.array([[2.0, 0.0], [0.0, 1.0], [3.0, 0.0]]), np.array([0, 1, 1]), SINGLE, ["x", "y"])
+    assert single["accuracy"] == pytest.approx(2 / 3)
+    assert single["confusion_matrix"] == [[1, 0], [1, 1]]
+    logits, labels = np.array([[1.0, -1.0], [-1.0, 0.5]]), np.array([[1.0, 0.0], [0.0, 1.0]])
+    assert task_metrics(logits, labels, MULTI, ["x", "y"])["subset_accuracy"] == 1.0
+    # sigmoid(0.5) = 0.62: below a threshold of 0.7 the second row loses its label.
+    assert task_metrics(logits, labels, MULTI, ["x", "y"], threshold=0.7)["subset_accuracy"] == 0.5
+    regression = task_metrics(np.array([[1.0], [2.0], [3.0]]), np.array([1.0, 2.0, 4.0]), REGRESSION, [])
+    assert regression["mse"] == pytest.approx(1 / 3)
+    assert regression["pearson"] == pytest.approx(pearsonr([1.0, 2.0, 3.0], [1.0, 2.0, 4.0])[0])
 
 
 def test_regression_metrics_match_numpy_scipy_and_a_hand_computed_example() -> None:
@@ -296,7 +270,7 @@ def test_degenerate_regression_inputs_give_zero_correlations_not_nan(predictions
     assert not any(isinstance(value, float) and math.isnan(value) for value in metrics.values())
 
 
-def test_multi_label_metrics_match_a_hand_computed_example() -> None:
+def test_multi_label_metrics_match_by_hand_and_handle_empty_or_negative_rows() -> None:
     labels = np.array([[1, 0, 1, 0], [0, 1, 0, 0], [1, 1, 0, 0]])
     predictions = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 1, 0]])
     metrics = multi_label_metrics(predictions, labels, ["a", "b", "c", "d"])
@@ -313,27 +287,11 @@ def test_multi_label_metrics_match_a_hand_computed_example() -> None:
         "d": {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 0},
     }
     assert json.loads(json.dumps(metrics)) == metrics  # plain types: metrics.json takes them as they are
-
-
-def test_multi_label_metrics_of_no_examples_and_of_all_negative_rows() -> None:
     empty = multi_label_metrics(np.zeros((0, 2)), np.zeros((0, 2)), ["a", "b"])
     assert (empty["subset_accuracy"], empty["f1_micro"], empty["f1_macro"], empty["num_examples"]) == (0, 0, 0, 0)
     negatives = multi_label_metrics(np.zeros((2, 2)), np.zeros((2, 2)), ["a", "b"])
     assert negatives["subset_accuracy"] == 1.0  # predicting "no label" for a row with none is right
     assert (negatives["f1_micro"], negatives["f1_macro"]) == (0.0, 0.0)
-
-
-def test_task_metrics_pick_the_problem_types_metrics_from_logits() -> None:
-    single = task_metrics(np.array([[2.0, 0.0], [0.0, 1.0], [3.0, 0.0]]), np.array([0, 1, 1]), SINGLE, ["x", "y"])
-    assert single["accuracy"] == pytest.approx(2 / 3)
-    assert single["confusion_matrix"] == [[1, 0], [1, 1]]
-    logits, labels = np.array([[1.0, -1.0], [-1.0, 0.5]]), np.array([[1.0, 0.0], [0.0, 1.0]])
-    assert task_metrics(logits, labels, MULTI, ["x", "y"])["subset_accuracy"] == 1.0
-    # sigmoid(0.5) = 0.62: below a threshold of 0.7 the second row loses its label.
-    assert task_metrics(logits, labels, MULTI, ["x", "y"], threshold=0.7)["subset_accuracy"] == 0.5
-    regression = task_metrics(np.array([[1.0], [2.0], [3.0]]), np.array([1.0, 2.0, 4.0]), REGRESSION, [])
-    assert regression["mse"] == pytest.approx(1 / 3)
-    assert regression["pearson"] == pytest.approx(pearsonr([1.0, 2.0, 3.0], [1.0, 2.0, 4.0])[0])
 
 
 # ---- modeling: the task in the model's config ---------------------------------------------------
@@ -351,7 +309,7 @@ def tiny_model(assets: Path, task: object) -> torch.nn.Module:
                       task)
 
 
-def test_load_model_records_the_problem_type_labels_and_inputs_in_its_config(smoke_assets: Path) -> None:
+def test_load_model_records_the_task_and_gives_regression_one_output(smoke_assets: Path) -> None:
     model = tiny_model(smoke_assets, TASKS["multi"])
     config = model.config
     assert (config.problem_type, config.num_labels, model.classifier.out_features) == (MULTI, 3, 3)
@@ -360,24 +318,18 @@ def test_load_model_records_the_problem_type_labels_and_inputs_in_its_config(smo
     assert config.classification_inputs == {
         "text_column": "text", "text_pair_column": None, "label_column": "labels", "label_delimiter": "|",
         "max_seq_length": 32, "multi_label_threshold": 0.3}
-
-
-def test_a_regression_model_has_one_output(smoke_assets: Path) -> None:
     model = tiny_model(smoke_assets, TASKS["regression"])
     assert (model.config.problem_type, model.config.num_labels, model.classifier.out_features) == (REGRESSION, 1, 1)
     batch = smoke.build_tokenizer()(["good movie", "bad"], padding=True, return_tensors="pt")
     assert model(**batch).logits.shape == (2, 1)
+    config = AutoConfig.from_pretrained(smoke_assets / "tiny-bert")  # a checkpoint saved without a task
+    assert Task.from_config(config) == Task(SINGLE, ["LABEL_0", "LABEL_1"])  # single-label, default inputs
 
 
 @pytest.mark.parametrize("name", TASKS)
 def test_a_saved_model_gives_back_its_task(smoke_assets: Path, tmp_path: Path, name: str) -> None:
     tiny_model(smoke_assets, TASKS[name]).save_pretrained(tmp_path / "model")
     assert Task.from_config(AutoConfig.from_pretrained(tmp_path / "model")) == TASKS[name]
-
-
-def test_a_checkpoint_saved_without_a_task_reads_as_single_label_with_default_inputs(smoke_assets: Path) -> None:
-    config = AutoConfig.from_pretrained(smoke_assets / "tiny-bert")
-    assert Task.from_config(config) == Task(SINGLE, ["LABEL_0", "LABEL_1"])
 
 
 # ---- predict: columns and files ----------------------------------------------------------------
@@ -387,12 +339,12 @@ def test_prediction_columns_for_each_problem_type() -> None:
     single = prediction_columns(logits, Task(SINGLE, ["x", "y", "z"]))
     assert list(single) == ["prediction", "score"]
     assert single["prediction"] == ["x", "y"]
-    assert single["score"] == pytest.approx(softmax(logits).max(axis=1).tolist())
+    assert single["score"] == pytest.approx(softmax(logits, axis=1).max(axis=1).tolist())
     multi = prediction_columns(np.array([[2.0, -2.0, 0.1], [-1.0, -1.0, -1.0]]),
                                Task(MULTI, ["x", "y", "z"], multi_label_threshold=0.5))
     assert list(multi) == ["prediction", "score_x", "score_y", "score_z"]
     assert multi["prediction"] == [["x", "z"], []]
-    assert multi["score_x"] == pytest.approx([sigmoid(2.0), sigmoid(-1.0)])
+    assert multi["score_x"] == pytest.approx([expit(2.0), expit(-1.0)])
     stricter = prediction_columns(np.array([[2.0, -2.0, 0.1]]), Task(MULTI, ["x", "y", "z"], multi_label_threshold=0.8))
     assert stricter["prediction"] == [["x"]]
     assert prediction_columns(np.array([[1.5], [-0.25]]), Task(REGRESSION, [])) == {"prediction": [1.5, -0.25]}
@@ -429,21 +381,11 @@ def test_write_rows_keeps_row_order_and_puts_predictions_after_the_input_columns
     assert label_sets == (["food|sports", "", "music"] if suffix == ".csv" else columns["prediction"])
 
 
-def test_write_rows_writes_a_json_array_of_more_rows_than_one_writer_batch(tmp_path: Path) -> None:
+def test_write_rows_writes_one_json_array_and_refuses_a_prediction_column(tmp_path: Path) -> None:
     rows = Dataset.from_dict({"text": [f"review {i}" for i in range(1001)]})  # datasets writes 1000 per batch
     path = write_rows(rows, {"prediction": ["good"] * 1001}, str(tmp_path / "predictions.json"))
     written = json.loads(path.read_text())
     assert [row["text"] for row in written] == rows["text"] and written[-1]["prediction"] == "good"
-
-
-def test_predict_names_a_missing_input_file_by_its_flag(tmp_path: Path) -> None:
-    missing = str(tmp_path / "nope.jsonl")
-    with pytest.raises(ConfigError, match=f"^--input_file '{missing}' not found$"):
-        predict_file(None, None, Task("single_label_classification", ["a", "b"]), missing, str(tmp_path / "out.csv"), 8,
-                     torch.device("cpu"))
-
-
-def test_write_rows_refuses_an_input_that_already_has_a_prediction_column(tmp_path: Path) -> None:
     rows = Dataset.from_dict(dict(text=["good", "bad"], prediction=["x", "y"]))
     with pytest.raises(ConfigError, match=r"^--input_file already has column\(s\) prediction, which the "
                                           r"predictions would replace: rename them$"):
@@ -479,19 +421,19 @@ def test_predict_file_predicts_every_row_in_input_order_as_the_model_does_one_by
     assert len({round(row["score"], 6) for row in written}) == 5  # distinct rows: a mixed-up order would show
 
 
-def test_predict_file_refuses_a_row_without_text_naming_it(smoke_assets: Path, tmp_path: Path) -> None:
-    task = Task(SINGLE, ["negative", "positive"])
-    input_file = write_jsonl(tmp_path / "rows.jsonl", [dict(text="good"), dict(text="fun"), dict(text="")])
-    with pytest.raises(ConfigError, match=r"^row 2 of the input data \(0-based\) has no text in column 'text'$"):
+@pytest.mark.parametrize(("pair_column", "rows", "message"), [
+    (None, None, "^--input_file '{input_file}' not found$"),
+    (None, [dict(text="good"), dict(text="fun"), dict(text="")],
+     r"^row 2 of the input data \(0-based\) has no text in column 'text'$"),
+    ("second", [dict(text="good", label="same")],
+     "^--text_pair_column 'second' is not a column of {input_file}; columns are: text, label$"),
+], ids=["missing-file", "row-without-text", "input-without-the-pair-column"])
+def test_predict_file_refuses_a_missing_file_a_row_without_text_or_no_pair_column(
+    smoke_assets: Path, tmp_path: Path, pair_column: str | None, rows: list[dict], message: str
+) -> None:
+    task = Task(SINGLE, ["different", "same"], text_pair_column=pair_column)
+    input_file = write_jsonl(tmp_path / "rows.jsonl", rows) if rows else str(tmp_path / "rows.jsonl")
+    with pytest.raises(ConfigError, match=message.format(input_file=input_file)):
         predict_file(tiny_model(smoke_assets, task), smoke.build_tokenizer(), task, input_file,
                      str(tmp_path / "out.csv"), batch_size=4, device=torch.device("cpu"))
     assert not (tmp_path / "out.csv").exists()
-
-
-def test_predict_file_refuses_an_input_without_the_models_pair_column(smoke_assets: Path, tmp_path: Path) -> None:
-    task = Task(SINGLE, ["different", "same"], text_pair_column="second")
-    input_file = write_jsonl(tmp_path / "rows.jsonl", [dict(text="good", label="same")])
-    with pytest.raises(ConfigError, match=f"^--text_pair_column 'second' is not a column of {input_file}; "
-                                          "columns are: text, label$"):
-        predict_file(tiny_model(smoke_assets, task), smoke.build_tokenizer(), task, input_file,
-                     str(tmp_path / "out.csv"), batch_size=4, device=torch.device("cpu"))

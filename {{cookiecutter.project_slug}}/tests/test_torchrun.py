@@ -32,7 +32,7 @@ def test_the_exit_status_says_whether_the_workers_saved_or_finished(
     assert status == code and said.startswith(line), said
 
 
-def test_module_workers_are_forked_from_the_launcher_once_it_has_imported_the_module(
+def test_module_workers_fork_from_the_launcher_after_the_import_never_after_cuda(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PREFLIGHT_WORLD_SIZE", raising=False)
     monkeypatch.delitem(sys.modules, f"{PACKAGE}.metrics", raising=False)
@@ -46,11 +46,6 @@ def test_module_workers_are_forked_from_the_launcher_once_it_has_imported_the_mo
     assert f"{PACKAGE}.metrics" in sys.modules and frozen == [True]
     assert torchrun.fork_workers_from_here(["--nproc-per-node=2", "train.py", "-m"]) == [
         "--nproc-per-node=2", "train.py", "-m"]  # a script: torchrun starts it as a command
-
-
-def test_the_launcher_refuses_to_fork_workers_from_a_process_that_initialised_cuda(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("PREFLIGHT_WORLD_SIZE", raising=False)
     monkeypatch.setattr("torch.cuda.is_initialized", lambda: True)
     with pytest.raises(SystemExit) as exit_:  # the launcher prints the line and exits with status 1
         torchrun.fork_workers_from_here(["--nproc-per-node=2", "-m", f"{PACKAGE}.metrics"])

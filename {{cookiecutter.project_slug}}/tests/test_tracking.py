@@ -17,9 +17,8 @@ trackers = package_module("trackers")
 TRACKER_ENV_PREFIXES = ("WANDB_", "MLFLOW_", "TENSORBOARD_")
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def tracker_free_environ():
-    """os.environ without the trackers' variables during the test, as it was after it."""
     saved = dict(os.environ)
     for name in saved:
         if name.startswith(TRACKER_ENV_PREFIXES):
@@ -29,7 +28,6 @@ def tracker_free_environ():
     os.environ.update(saved)
 
 
-@pytest.mark.usefixtures("tracker_free_environ")
 def test_other_ranks_write_nothing_and_start_no_tracker(tmp_path: Path) -> None:
     output_dir = tmp_path / "out"
     settings = {tracker: tracking.tracker_settings(tracker, str(output_dir), is_main_process=False)
@@ -45,8 +43,11 @@ def test_other_ranks_write_nothing_and_start_no_tracker(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.usefixtures("tracker_free_environ")
-def test_settings_you_made_win_over_the_offline_defaults(tmp_path: Path) -> None:
+def test_rank_0_records_a_run_id_to_continue_but_your_settings_win(tmp_path: Path) -> None:
+    first = tracking.tracker_settings("wandb", str(tmp_path), is_main_process=True)
+    assert (first["WANDB_DIR"], first["WANDB_RESUME"]) == (str(tmp_path.resolve()), "allow")
+    assert tracking.tracker_settings("wandb", str(tmp_path), is_main_process=True) == first
+    assert json.loads((tmp_path / tracking.RUN_FILE).read_text()) == {"wandb": first["WANDB_RUN_ID"]}
     os.environ.update(WANDB_MODE="online", WANDB_PROJECT="mine", WANDB_RUN_ID="given",
                       TENSORBOARD_LOGGING_DIR=str(tmp_path / "board"))
     output_dir = str(tmp_path / "out")
@@ -55,14 +56,6 @@ def test_settings_you_made_win_over_the_offline_defaults(tmp_path: Path) -> None
     tensorboard = tracking.tracker_settings("tensorboard", output_dir, is_main_process=True)
     assert tensorboard == {"TENSORBOARD_LOGGING_DIR": str(tmp_path / "board")}
     assert not (tmp_path / "out" / tracking.RUN_FILE).exists()  # nothing recorded: your run id is used as given
-
-
-@pytest.mark.usefixtures("tracker_free_environ")
-def test_rank_0_records_a_run_id_that_the_next_run_of_the_output_dir_continues(tmp_path: Path) -> None:
-    first = tracking.tracker_settings("wandb", str(tmp_path), is_main_process=True)
-    assert (first["WANDB_DIR"], first["WANDB_RESUME"]) == (str(tmp_path.resolve()), "allow")
-    assert tracking.tracker_settings("wandb", str(tmp_path), is_main_process=True) == first
-    assert json.loads((tmp_path / tracking.RUN_FILE).read_text()) == {"wandb": first["WANDB_RUN_ID"]}
 
 
 @pytest.mark.parametrize("tracker", ["tensorboard", "wandb", "mlflow"])
