@@ -53,6 +53,8 @@ class TrainingArguments(ParallelArguments, transformers.TrainingArguments):
                                               "of the CPUs less one, at most 4.")
     output_dir: str | None = flag("outputs", "Checkpoints, final model, metrics.json.")
     logging_steps: float = flag(10, "Log every N optimizer steps.")
+    # On: each micro-step's loss is read on the host (nan? inf?), two waits for the GPU.
+    logging_nan_inf_filter: bool = flag(False, "Log earlier losses' mean for a nan or inf one.")
     save_total_limit: int | None = flag(2, "Keep at most this many checkpoints.")
     parsing = False  # not a flag: True while __post_init__ runs (see device)
 
