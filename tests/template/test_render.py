@@ -643,8 +643,8 @@ def test_lora_r_is_an_unknown_flag_without_lora_and_a_checked_one_with_it(render
 
 @pytest.mark.parametrize("combo", combination_params(SUPPORTED_AND_COVERING))
 def test_the_doctor_is_named_only_where_it_was_chosen(rendered, combo):
-    # Its module and test, the launch scripts' help, the Trainer's flags' docstring, the README and docs; nothing
-    # when not chosen (the recorded answers name include_doctor itself).
+    # Its module and test, the launch scripts' help and its test, the Trainer's flags' docstring, the README
+    # and docs; nothing when not chosen (the recorded answers name include_doctor itself).
     project = rendered(combo)
     naming = {
         name for name in relative_files(project) - {".cookiecutter.json"}
@@ -654,7 +654,7 @@ def test_the_doctor_is_named_only_where_it_was_chosen(rendered, combo):
     if combo.include_doctor:
         expected = DOCTOR_ONLY_FILES | {"README.md", "docs/multi-node.md", "docs/troubleshooting.md",
                                         "scripts/_common.sh", "scripts/train_single_node.sh",
-                                        "scripts/train_multi_node.sh"}
+                                        "scripts/train_multi_node.sh", "tests/test_scripts.py"}
         if combo.training_loop == "trainer":
             expected.add(f"src/{PACKAGE}/training_args.py")
     assert naming == expected
