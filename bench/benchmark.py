@@ -4,12 +4,14 @@
 
 Renders the template once per training loop, writes one imdb-like workload (bench/workload.py:
 1024 train and 128 eval reviews, a bert-tiny-sized BERT saved with save_pretrained) and runs
-six rows on it, each as a whole command under torchrun with 2 processes (gloo, fp32 on CPU),
+eight rows on it, each as a whole command under torchrun with 2 processes (gloo, fp32 on CPU),
 one epoch at 8 examples per process per step:
 
 - native, Trainer: the rendered projects' `scripts/train_single_node.sh`, as users run them
   (the preflight, training, then the final save and evaluation they always do);
 - native with PREFLIGHT=0: the same command without its preflight, for what the preflight costs;
+- native and Trainer with --torch_compile true: the same commands compiled (inductor), each with a fresh
+  compile cache, so that the compiling counts as on a first run;
 - HF: transformers' own examples/pytorch/text-classification/run_classification.py for the installed
   version, fetched at bench time into a temporary folder (or given with --hf_example), with its best
   settings (--pad_to_max_length False --train_sampling_strategy group_by_length), really synced on
@@ -64,11 +66,13 @@ from pathlib import Path
 from workload import MAX_TOKENS, PACKAGE, render, write_workload
 
 BENCH = Path(__file__).resolve().parent
-ROWS = ("native", "native_no_preflight", "trainer", "hf", "seed", "limit")
+ROWS = ("native", "native_no_preflight", "native_compiled", "trainer", "trainer_compiled", "hf", "seed", "limit")
 TITLES = {
     "native": "native loop (`scripts/train_single_node.sh`)",
     "native_no_preflight": "native loop, `PREFLIGHT=0` (the same without its preflight)",
+    "native_compiled": "native loop, `--torch_compile true`",
     "trainer": "Trainer loop (`scripts/train_single_node.sh`)",
+    "trainer_compiled": "Trainer loop, `--torch_compile true`",
     "hf": "HF's `run_classification.py`, tuned",
     "seed": "seed guide's loop (`bench/seed_loop.py`)",
     "limit": "compute limit (`bench/compute_limit.py`)",
@@ -99,8 +103,12 @@ TARGETS = [  # (label, row, measure, threshold)
      "limit_first_step_vs_first_step", 1 / 1.2),
     ("Trainer first step within 1.2x the limit's: the limit's / Trainer's >= 0.83", "trainer",
      "limit_first_step_vs_first_step", 1 / 1.2),
+    ("native --torch_compile samples/s >= native's", "native_compiled", "samples_vs_eager", 1.0),
+    ("Trainer --torch_compile samples/s >= Trainer's", "trainer_compiled", "samples_vs_eager", 1.0),
 ]
-LOOP_OF_ROW = {"native": "native", "native_no_preflight": "native", "trainer": "trainer"}
+LOOP_OF_ROW = {"native": "native", "native_no_preflight": "native", "native_compiled": "native", "trainer": "trainer",
+               "trainer_compiled": "trainer"}
+EAGER_OF_ROW = {"native_compiled": "native", "trainer_compiled": "trainer"}
 
 
 def row_command(row: str, projects: dict[str, Path], data: Path, output_dir: Path, nproc: int,
@@ -116,6 +124,7 @@ def row_command(row: str, projects: dict[str, Path], data: Path, output_dir: Pat
             "--per_device_train_batch_size", str(BATCH_SIZE),
             "--learning_rate", str(LEARNING_RATE),
             "--disable_tqdm", "true",
+            *(["--torch_compile", "true"] if row in EAGER_OF_ROW else []),
         ]
     if row == "hf":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
@@ -143,7 +152,8 @@ def row_environment(row: str, run_dir: Path, nproc: int) -> dict[str, str]:
         PYTHONPATH=str(BENCH / "probe"),
         BENCH_PROBE_DIR=str(run_dir / "probe"),
         BENCH_PROBE_WARMUP_STEPS="0",
-        HF_HOME=str(run_dir / "hf"),  # a fresh cache: every row tokenises as on a first run
+        HF_HOME=str(run_dir / "hf"),  # a fresh cache: every row tokenises as on a first run ...
+        TORCHINDUCTOR_CACHE_DIR=str(run_dir / "inductor"),  # ... and a compiled row compiles as on one
         HF_HUB_OFFLINE="1",
         HF_DATASETS_OFFLINE="1",
         CUDA_VISIBLE_DEVICES="",  # a CPU benchmark, as the seed and limit rows are; GPUs: bench/gpu_check.sh
@@ -168,6 +178,8 @@ def run_once(row: str, command: list[str], cwd: Path, run_dir: Path, nproc: int)
                  f"on PYTHONPATH?\n{result.stderr[-3000:]}")
     train_seconds = max(rank["last_step"] for rank in ranks) - min(rank["window_start"] for rank in ranks)
     real = sum(rank["real_tokens"] for rank in ranks)
+    metrics_file = run_dir / "output" / "metrics.json"  # the loops' own, with --torch_compile's graph count
+    graphs = json.loads(metrics_file.read_text()).get("compiled_graphs") if metrics_file.is_file() else None
     return {
         "wall_s": wall,
         "first_forward_s": min(rank["first_forward"] for rank in ranks) - start_clock,
@@ -181,7 +193,7 @@ def run_once(row: str, command: list[str], cwd: Path, run_dir: Path, nproc: int)
         "real_tokens_per_s": real / train_seconds,
         "padding_efficiency": real / sum(rank["processed_tokens"] for rank in ranks),
         "peak_rss_mib": [rank["peak_rss_mib"] for rank in ranks],
-    }
+    } | ({"compiled_graphs": graphs} if graphs is not None else {})
 
 
 def summarise(runs: dict[str, list[dict]]) -> dict[str, dict]:
@@ -199,6 +211,9 @@ def summarise(runs: dict[str, list[dict]]) -> dict[str, dict]:
         medians[row]["limit_wall_vs_wall"] = medians["limit"]["wall_s"] / medians[row]["wall_s"]
         medians[row]["hf_wall_vs_wall"] = medians["hf"]["wall_s"] / medians[row]["wall_s"]
         medians[row]["limit_first_step_vs_first_step"] = medians["limit"]["first_step_s"] / medians[row]["first_step_s"]
+        if row in EAGER_OF_ROW:
+            eager = medians[EAGER_OF_ROW[row]]
+            medians[row]["samples_vs_eager"] = medians[row]["samples_per_s"] / eager["samples_per_s"]
     return medians
 
 
@@ -339,6 +354,9 @@ def main() -> None:
     print()
     for target in targets:
         print(f"- {target['target']}: {target['value']:.2f} ({'met' if target['met'] else 'missed'})")
+    for row in EAGER_OF_ROW:
+        print(f"- {TITLES[row]}: {medians[row]['compiled_graphs']:.0f} graphs compiled on rank 0, first step at "
+              f"{medians[row]['first_step_s']:.1f} s against {medians[EAGER_OF_ROW[row]]['first_step_s']:.1f} s eager")
     print("\nWhat the launch still pays before the first step, once per node (the workers fork from the process "
           "that imported it); `-X importtime` itself adds to each figure:\n")
     print(import_table(imports))

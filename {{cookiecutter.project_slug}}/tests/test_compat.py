@@ -8,10 +8,11 @@ import multiprocessing
 import subprocess
 import sys
 
-#% if cookiecutter.training_loop == "native"
-import torch
-#% else
+#% if cookiecutter.training_loop == "trainer"
 import pytest
+#% endif
+import torch
+#% if cookiecutter.training_loop == "trainer"
 import transformers
 #% endif
 from conftest import PACKAGE, package_module, run_env
@@ -69,6 +70,16 @@ def test_atexit_clear_and_run_exitfuncs_forget_and_run_the_exit_handlers() -> No
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=run_env(), timeout=60)
     assert (done.returncode, done.stdout) == (0, "ran\n"), changed(
         "atexit._clear or atexit._run_exitfuncs", f"no longer clears, or runs once, the exit handlers: {done}")
+
+
+def test_compile_counts_counts_the_graphs_and_recompiles_of_torch_compile() -> None:
+    before = compat.compile_counts()
+    double = torch.compile(lambda x: (x * 2).sum(), backend="aot_eager")  # as inductor, less its code
+    for shape in [(2,), (2,), (3, 2)]:  # the third compiles again: its guards refuse another rank
+        double(torch.ones(shape, requires_grad=True)).backward()  # a backward is recorded apart, uncounted
+    after = compat.compile_counts()
+    assert {key: after[key] - before[key] for key in after} == {"compiled_graphs": 2, "recompiles": 1}, changed(
+        "torch._dynamo.utils.get_compilation_metrics", f"counted {before}, then {after}")
 
 
 def test_the_dataloader_starts_its_workers_from_the_module_compat_looks_for() -> None:

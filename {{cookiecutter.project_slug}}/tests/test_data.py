@@ -190,7 +190,7 @@ def features_of_lengths(*lengths: int) -> list[dict]:
     ]
 
 
-def test_collator_drops_helper_columns_and_pads_to_the_longest_or_a_multiple_of_8() -> None:
+def test_collator_drops_helper_columns_and_pads_to_the_longest_or_a_multiple_of_8_or_of_64_compiled() -> None:
     tokenizer = smoke.build_tokenizer()
     batch = build_collator(tokenizer, mixed_precision=False)(features_of_lengths(4, 10, 6))
     assert sorted(batch) == ["attention_mask", "input_ids", "labels", "token_type_ids"]
@@ -203,6 +203,9 @@ def test_collator_drops_helper_columns_and_pads_to_the_longest_or_a_multiple_of_
     assert build_collator(tokenizer, mixed_precision=True)(features_of_lengths(4, 10))["input_ids"].shape == (2, 16)
     assert build_collator(tokenizer, mixed_precision=True)(features_of_lengths(4, 16))["input_ids"].shape == (2, 16)
     assert build_collator(tokenizer, mixed_precision=False)(features_of_lengths(4, 10))["input_ids"].shape == (2, 10)
+    # --torch_compile: the next multiple of 64, at most the task's max_seq_length
+    bounded = build_collator(tokenizer, mixed_precision=True, compiled_length=150)
+    assert [bounded(features_of_lengths(4, n))["input_ids"].shape[1] for n in (10, 64, 65, 140)] == [64, 64, 128, 150]
 
 
 # ---- steps of similar length (--train_sampling_strategy group_by_length, both loops) --------------

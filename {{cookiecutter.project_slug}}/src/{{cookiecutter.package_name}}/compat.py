@@ -75,6 +75,20 @@ def base_dataloader(loader: torch.utils.data.DataLoader) -> torch.utils.data.Dat
 
 
 #% endif
+def compile_counts() -> dict[str, int]:
+    """The graphs torch.compile built in this process (--torch_compile), a backward
+    counted with its forward, and how many were recompiles (new shapes or modes).
+    torch._dynamo.utils.get_compilation_metrics keeps its last 64 entries: one per
+    compiled function (with no operations: a wrapper's context manager), one per
+    backward compiled later (with none either)."""
+
+    from torch._dynamo.utils import get_compilation_metrics
+
+    compiled = [entry for entry in get_compilation_metrics() if entry.graph_op_count]
+    recompiled = [entry for entry in compiled if entry.recompile_reason is not None]
+    return {"compiled_graphs": len(compiled), "recompiles": len(recompiled)}
+
+
 def clear_exit_handlers() -> None:
     """atexit._clear: forget every exit handler registered in this process (atexit has no public way)."""
     atexit._clear()

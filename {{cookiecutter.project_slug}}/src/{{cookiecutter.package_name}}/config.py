@@ -255,7 +255,8 @@ def parse_flags(parser: HfArgumentParser, argv: list[str] | None) -> tuple:
     return tuple(parsed)
 
 
-def parse_args(training_args_class: type, argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, Any]:
+def parse_args(training_args_class: type,
+               argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, Any]:
     """Parse `[CONFIG] [--flag value ...]`: the file sets values, the flags override them."""
     #% if cookiecutter.include_lora
     from .lora import LoraArguments as ModelArguments  # with LoRA's flags (here: lora.py imports config)

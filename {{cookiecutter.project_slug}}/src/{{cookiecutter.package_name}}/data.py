@@ -258,17 +258,29 @@ def warn_of_unknown_tokens(train: Dataset, tokenizer: PreTrainedTokenizerBase) -
     return share
 
 
+COMPILE_BUCKET = 64  # --torch_compile pads to multiples of this: a few shapes, so a few compiled graphs
+
+
 class ClassificationCollator(DataCollatorWithPadding):
-    """Dynamic padding that keeps only what the model takes (drops helper columns such as length)."""
+    """Dynamic padding that keeps only what the model takes (drops helper columns such as length).
+    With max_length set, a batch is padded to the next multiple of COMPILE_BUCKET, at
+    most max_length."""
 
     def __call__(self, features: list[dict]) -> dict:
         features = [{key: value for key, value in f.items() if key in MODEL_INPUTS} for f in features]
-        return super().__call__(features)
+        if self.max_length is None:
+            return super().__call__(features)
+        longest = max(len(f["input_ids"]) for f in features)
+        bucket = min(-(-longest // COMPILE_BUCKET) * COMPILE_BUCKET, self.max_length)
+        return DataCollatorWithPadding(self.tokenizer, padding="max_length", max_length=bucket)(features)
 
 
-def build_collator(tokenizer: PreTrainedTokenizerBase, mixed_precision: bool) -> ClassificationCollator:
+def build_collator(tokenizer: PreTrainedTokenizerBase, mixed_precision: bool,
+                   compiled_length: int | None = None) -> ClassificationCollator:
+    """compiled_length: --torch_compile's cap, the task's max_seq_length; None pads to the longest."""
     # Multiples of 8 let tensor cores run the padded matmuls at full speed.
-    return ClassificationCollator(tokenizer, pad_to_multiple_of=8 if mixed_precision else None)
+    return ClassificationCollator(tokenizer, pad_to_multiple_of=8 if mixed_precision else None,
+                                  max_length=compiled_length)
 
 
 def length_grouped_steps(order: list[int], lengths: Sequence[int], step: int,

@@ -155,7 +155,8 @@ def whole_run_metrics(history: list[dict], totals: dict, steps: int) -> dict[str
             loss_sum, last_step = loss_sum + entry["loss"] * (entry["step"] - last_step), entry["step"]
     runtime = max(totals["train_runtime"], 1e-9)
     return {"train_loss": round(loss_sum / last_step, 6) if last_step else 0.0, "train_steps": steps,
-            "train_runtime": round(runtime, 4), "train_samples_per_second": round(totals["train_samples"] / runtime, 3),
+            "train_runtime": round(runtime, 4),
+            "train_samples_per_second": round(totals["train_samples"] / runtime, 3),
             "train_steps_per_second": round(steps / runtime, 3)}
 
 

@@ -200,7 +200,8 @@ def check_model_settings(model_args: ModelArguments, gradient_checkpointing: boo
     from transformers import AutoModelForSequenceClassification
 
     with torch.device("meta"):
-        model = AutoModelForSequenceClassification.from_config(config, trust_remote_code=model_args.trust_remote_code)
+        model = AutoModelForSequenceClassification.from_config(
+            config, trust_remote_code=model_args.trust_remote_code)
     for check in checks:
         check(model)
 

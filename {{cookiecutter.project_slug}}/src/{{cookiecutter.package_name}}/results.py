@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from .compat import compile_counts
 from .data import Task
 from .metrics import plot_training_curves, scalars, write_metrics
 from .predict import predict_file
@@ -31,6 +32,8 @@ def write_results(args, metrics: dict, history: list[dict], is_main_process: boo
                      precision, num_proc=num_proc)
     if not is_main_process:
         return
+    if args.torch_compile:
+        metrics = metrics | compile_counts()
     path = write_metrics(args.output_dir, metrics, trained=args.do_train)
     if args.do_train:
         Path(args.output_dir, "log_history.json").write_text(json.dumps(history, indent=1) + "\n")

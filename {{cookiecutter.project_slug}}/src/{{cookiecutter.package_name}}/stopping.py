@@ -60,13 +60,16 @@ class StopRequest:
 
     SLURM sends it to every process of the job step on preemption, requeue or cancel, Kubernetes to
     torchrun before it evicts a pod; torchrun (torchrun.py) passes it on to its workers. The ranks can
-    get it at different steps, so after each step they agree with one tiny all_reduce, on a CPU (gloo)
-    group so that the host never waits for the GPU for it.
+    get it at different steps, so they agree with one tiny all_reduce a step, on a CPU (gloo) group so that
+    the host never waits for the GPU for it. It runs in the background: each step reads
+    the answer started at the step before, so a rank may run a step ahead of the
+    slowest one, and a stop comes a step later.
     """
 
     def __init__(self) -> None:
         self.signalled = False
         self.group = None
+        self.pending: tuple[torch.Tensor, dist.Work] | None = None  # the all_reduce the last call started
         if is_distributed():  # every rank creates the group: new_group is collective
             self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         signal.signal(signal.SIGTERM, self.on_signal)
@@ -76,12 +79,17 @@ class StopRequest:
         self.signalled = True
 
     def agreed(self) -> bool:
-        """Whether any rank has been asked to stop; the same answer on every rank."""
+        """Whether any rank had been asked to stop by its previous call; the same answer on every rank."""
         if self.group is None:
             return self.signalled
+        answer = False
+        if self.pending is not None:
+            flag, work = self.pending
+            work.wait()
+            answer = bool(flag.item())
         flag = torch.tensor([int(self.signalled)])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        return bool(flag.item())
+        self.pending = flag, dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        return answer
 
 
 def keep_through_sigterm(worker_init_fn: Callable[[int], None] | None = None) -> Callable[[int], None]:

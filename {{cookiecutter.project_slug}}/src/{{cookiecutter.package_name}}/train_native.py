@@ -161,7 +161,8 @@ def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args
     set_seed(args.seed)
     tokenizer = load_tokenizer(model_args)
     data = load_data(data_args, tokenizer, model_args.cache_dir, args.seed)
-    collator = build_collator(tokenizer, mixed_precision=precision != "no")
+    collator = build_collator(tokenizer, mixed_precision=precision != "no",
+                              compiled_length=data.task.max_seq_length if args.torch_compile else None)
     checkpoint = (agree_on_resume_checkpoint(args.resume_from_checkpoint, args.output_dir, TRAINING_STATE)
                   if args.do_train else None)
     sampler, train_loader, plan = build_train_batches(data.train, args, collator, env.rank, env.world_size,
@@ -173,6 +174,8 @@ def build_job(env: TorchrunEnv, device: torch.device, precision: str, model_args
         enable_gradient_checkpointing(module)
     module = module.to(device)
     model = parallelize(module, args, env, device, precision)
+    if args.torch_compile:  # in place: the state_dict keys, and so the checkpoints, stay the same
+        module.compile(mode=args.torch_compile_mode)
     optimizer = build_optimizer(model, args)  # after parallelize: over the parameters this rank steps
     warmup = steps_of_run(args.warmup_steps, plan.total_steps)
     scheduler = get_scheduler(args.lr_scheduler_type, optimizer, warmup, plan.total_steps,

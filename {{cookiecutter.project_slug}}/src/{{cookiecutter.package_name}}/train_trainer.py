@@ -169,7 +169,8 @@ class ComputeMetrics:
         task = self.task
         metrics = task_metrics(logits, prediction.label_ids, task.problem_type, task.label_names,
                                task.multi_label_threshold)
-        self.tables = {f"eval_{key}": metrics.pop(key) for key in ("per_class", "confusion_matrix") if key in metrics}
+        self.tables = {f"eval_{key}": metrics.pop(key)
+                       for key in ("per_class", "confusion_matrix") if key in metrics}
         return metrics
 
 
@@ -280,6 +281,8 @@ def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: Tr
     #% else
     model.accepts_loss_kwargs = False
     #% endif
+    # --torch_compile: batches of a few lengths (data.COMPILE_BUCKET), so a few graphs
+    compiled_length = data.task.max_seq_length if args.torch_compile else None
     # --gradient_checkpointing: the Trainer turns it on itself, non-reentrant unless told otherwise.
     trainer = ClassificationTrainer(
         model=model,
@@ -288,7 +291,7 @@ def build_trainer(model_args: ModelArguments, data_args: DataArguments, args: Tr
         # Longest first, read in this order (_get_eval_sampler): the whole set as one length-sorted shard.
         eval_dataset=data.validation.select(length_sorted_shard(data.validation["length"], 0, 1)),
         processing_class=tokenizer,
-        data_collator=build_collator(tokenizer, mixed_precision=args.fp16 or args.bf16),
+        data_collator=build_collator(tokenizer, args.fp16 or args.bf16, compiled_length),
         compute_metrics=ComputeMetrics(data.task),
         callbacks=[parallel_check, StopOnSignal(), RecordRun(), JsonLogLines()],
     )

@@ -70,6 +70,9 @@ class TrainingArguments(ParallelArguments):
     fp16: bool = flag(False, "Same as --mixed_precision fp16.")
     bf16: bool = flag(False, "Same as --mixed_precision bf16.")
     tf32: bool | None = flag(None, "TF32 matmuls on Ampere+ GPUs.")
+    torch_compile: bool = flag(False, "torch.compile the model; pads batches to multiples of 64.")
+    torch_compile_mode: str | None = flag(None, "torch.compile's mode; None: its default.",
+                                          ["default", "reduce-overhead", "max-autotune"])
     ddp_backend: str | None = flag(None, "None: nccl on GPU, gloo on CPU.", ["nccl", "gloo"])
     ddp_timeout: int = flag(1800, "Seconds before a stuck collective fails.")
     # Both False, unlike transformers: each search or sync costs every step, while the parameters the forward
