@@ -71,6 +71,7 @@ def main() -> None:
         "log_history": history,
         "ddp_parameter_bytes": ddp.get("total_parameter_size_bytes"),  # of the parameters it all-reduces
         "ddp_broadcast_buffers": ddp.get("broadcast_buffers"),  # 1: buffers synced before each forward
+        "ddp_gradient_as_bucket_view": ddp.get("gradient_as_bucket_view"),  # 1: no copy to the buckets
     }
     (probe_dir / f"rank{env.rank}.json").write_text(json.dumps(record))
     state = {name: tensor.detach().cpu().contiguous().clone() for name, tensor in job.module.state_dict().items()}

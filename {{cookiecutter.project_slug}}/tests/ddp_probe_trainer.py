@@ -67,6 +67,7 @@ def main() -> None:
         "logged_losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
         "ddp_parameter_bytes": ddp.get("total_parameter_size_bytes"),  # of the parameters it all-reduces
         "ddp_broadcast_buffers": ddp.get("broadcast_buffers"),  # 1: buffers synced before each forward
+        "ddp_gradient_as_bucket_view": ddp.get("gradient_as_bucket_view"),  # 1: no copy to the buckets
     }
     (probe_dir / f"rank{rank}.json").write_text(json.dumps(record))
     state = {name: tensor.detach().cpu().contiguous().clone() for name, tensor in trainer.model.state_dict().items()}

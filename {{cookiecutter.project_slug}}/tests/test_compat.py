@@ -17,6 +17,7 @@ import transformers
 #% endif
 from conftest import PACKAGE, package_module, run_env
 from torch.utils.data import DataLoader
+from transformers import AutoModel
 
 compat = package_module("compat")
 
@@ -70,6 +71,13 @@ def test_atexit_clear_and_run_exitfuncs_forget_and_run_the_exit_handlers() -> No
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=run_env(), timeout=60)
     assert (done.returncode, done.stdout) == (0, "ran\n"), changed(
         "atexit._clear or atexit._run_exitfuncs", f"no longer clears, or runs once, the exit handlers: {done}")
+
+
+def test_attention_implementation_names_the_kernel_a_model_runs(smoke_assets) -> None:
+    for kernel in ("eager", "sdpa"):
+        model = AutoModel.from_pretrained(smoke_assets / "tiny-bert", attn_implementation=kernel)
+        assert compat.attention_implementation(model) == kernel, changed("PreTrainedConfig._attn_implementation",
+                                                                         f"does not say {kernel}")
 
 
 def test_compile_counts_counts_the_graphs_and_recompiles_of_torch_compile() -> None:

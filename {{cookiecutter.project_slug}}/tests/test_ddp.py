@@ -58,6 +58,7 @@ def test_two_ranks_end_with_identical_weights_rank_zero_alone_logs_no_buffers_ar
     assert first_run["log"].count(" train examples, ") == 1
     assert first_run["log"].count("metrics written to") == 1
     assert [record["ddp_broadcast_buffers"] for record in first_run["records"]] == [0, 0]  # a collective a step
+    assert [record["ddp_gradient_as_bucket_view"] for record in first_run["records"]] == [1, 1]
     assert "broadcast_buffers" not in first_run["log"]  # no FutureWarning per rank about the flag's name
     probe = first_run["output_dir"] / "probe"
     rank0, rank1 = load_file(probe / "rank0.safetensors"), load_file(probe / "rank1.safetensors")

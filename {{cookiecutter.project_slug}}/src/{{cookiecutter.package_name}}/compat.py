@@ -21,6 +21,7 @@ CHECKED_ON = "Python 3.11, torch 2.13.0, transformers 5.25.0 and accelerate 1.16
 # public hook does what the overrides do. Were one renamed upstream, its override would be dead code and its
 # fix silently gone; check_private_overrides stops the run instead.
 TRAINER_OVERRIDES = {
+    "_build_accelerator_args": ("self", "kwargs"),
     "_get_train_sampler": ("self", "train_dataset"),
     "_get_eval_sampler": ("self", "eval_dataset"),
     "_run_epoch": ("self", "model", "epoch", "train_dataloader", "steps_in_epoch",
@@ -75,6 +76,12 @@ def base_dataloader(loader: torch.utils.data.DataLoader) -> torch.utils.data.Dat
 
 
 #% endif
+def attention_implementation(model: torch.nn.Module) -> str:
+    """The attention kernel a transformers model runs (by default SDPA, where its architecture has it):
+    PreTrainedConfig._attn_implementation, as transformers' own documentation reads it."""
+    return model.config._attn_implementation or "eager"
+
+
 def compile_counts() -> dict[str, int]:
     """The graphs torch.compile built in this process (--torch_compile), a backward
     counted with its forward, and how many were recompiles (new shapes or modes).

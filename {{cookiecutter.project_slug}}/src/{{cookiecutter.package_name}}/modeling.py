@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 #% if cookiecutter.include_lora
 from . import lora
 #% endif
+from .compat import attention_implementation
 from .config import ConfigError, ModelArguments, check_local_path, model_not_found
 from .data import MODEL_INPUTS, Task
 from .distributed import some_of
@@ -107,7 +108,8 @@ def load_model(model_args: ModelArguments, task: Task, tokenizer: PreTrainedToke
     if freeze_unused:
         freeze_unused_parameters(model, example_inputs(tokenizer, task))
     trainable, total = parameter_counts(model).values()
-    logger.info("parameters: %d trainable of %d (%.2f%%)", trainable, total, 100 * trainable / total)
+    logger.info("parameters: %d trainable of %d (%.2f%%); attention: %s", trainable, total,
+                100 * trainable / total, attention_implementation(model))
     return model
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from accelerate.utils import DistributedDataParallelKwargs
 from torch.utils.data import Sampler
 from transformers import EvalPrediction, Trainer, TrainerCallback, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -229,6 +230,14 @@ class ClassificationTrainer(Trainer):
 
     def get_train_dataloader(self):
         return with_loader_workers_kept_through_sigterm(super().get_train_dataloader())
+
+    def _build_accelerator_args(self, **kwargs):
+        # DDP's gradients live in its all-reduce buckets, as in the native loop: no copy between the two.
+        args = super()._build_accelerator_args(**kwargs)
+        for handler in args["kwargs_handlers"]:
+            if isinstance(handler, DistributedDataParallelKwargs):
+                handler.gradient_as_bucket_view = True
+        return args
 
     def get_eval_dataloader(self, eval_dataset=None):
         return with_loader_workers_kept_through_sigterm(super().get_eval_dataloader(eval_dataset))
