@@ -1,8 +1,8 @@
-"""--fsdp in the native loop, trained for real on 2 CPU processes (gloo): FSDP2 trains to DDP's weights;
-its sharded checkpoints resume after SIGTERM and a killed worker through the launch script, on one process,
-and without FSDP, and a DDP checkpoint resumes under FSDP; LoRA, gradient checkpointing, accumulation and
-bf16 under FSDP leave an output_dir that predict, pipeline() and merge_lora load. A native render with
-include_fsdp only.
+"""--fsdp in the native loop, trained for real on 2 CPU processes (gloo): FSDP2 trains to DDP's weights, also
+compiled; its sharded checkpoints resume after SIGTERM and a killed worker through the launch script, on one
+process, and without FSDP, and a DDP checkpoint resumes under FSDP; LoRA, gradient checkpointing,
+accumulation and bf16 under FSDP leave an output_dir that predict, pipeline() and merge_lora load. A native
+render with include_fsdp only.
 
 The runs use the smoke BERT without dropout (test_native_resume.py's no_dropout_assets): runs on one and on
 two processes then differ in their batching alone, not in their dropout streams.
@@ -62,6 +62,7 @@ FSDP_ATOL = 1e-6
 NOISE_ONLY = ".attention.self.key.bias"
 EVAL_LOSS_ATOL = 1e-6
 RESUME_ATOL = 1e-6  # the same operations in the same order, as in test_preemption.py
+COMPILED_ATOL = 1e-4  # inductor fuses and reorders the arithmetic: test_compile.py's tolerance
 # One process with 2 accumulation steps in place of 2 ranks: other sums, as in test_native_resume.py
 # (measured: every weight within 1.2e-7 of its tensor's largest, on an AMD EPYC, and 0 on an Intel Xeon,
 # but the noise-only key biases, which there ended 7.6e-7 apart, 7% of their own size: left out as above).
@@ -114,6 +115,14 @@ def test_fsdp_trains_to_the_weights_ddp_trains_to(ddp: dict, fsdp: dict) -> None
     assert fsdp["metrics"]["eval_loss"] == pytest.approx(ddp["metrics"]["eval_loss"], abs=EVAL_LOSS_ATOL)
     assert fsdp["metrics"]["train_loss"] == pytest.approx(ddp["metrics"]["train_loss"], abs=1e-6)
     assert fsdp["metrics"]["eval_num_examples"] == EVAL_SIZE
+
+
+def test_fsdp_compiled_trains_to_the_weights_ddp_trains_to(ddp: dict, no_dropout_assets: Path,  # noqa: F811
+                                                            tmp_path: Path) -> None:
+    compiled = train(tmp_path, no_dropout_assets, *FSDP, "--torch_compile", "true")
+    assert compiled["metrics"]["compiled_graphs"] >= 1, compiled["metrics"]
+    worst = largest_difference(ddp["output_dir"], tmp_path, skip=NOISE_ONLY)
+    assert worst <= COMPILED_ATOL, f"largest weight difference {worst:.3g}"
 
 
 def test_the_final_model_is_a_plain_save_pretrained_folder(fsdp: dict) -> None:

@@ -1,5 +1,6 @@
-"""bench/gpu_check.sh --cpu end to end: the GPU check's logic (renders, throughput, the compute limit, the
-profiled steps, half-precision checkpoints, 2 processes) at tiny sizes on the CPU, as CI can run it.
+"""bench/gpu_check.sh --cpu end to end: the GPU check's logic (renders, throughput eager and compiled, the
+compute limit, the profiled steps, half-precision checkpoints, 2 processes) at tiny sizes on the CPU, as CI
+can run it.
 
 What the CPU cannot show: the GPU's busy time, kernel launches and CUDA synchronisations (None here), and
 any figure worth reading; a GPU run of the same script gives those.
@@ -31,6 +32,9 @@ def test_gpu_check_runs_end_to_end_on_the_cpu_with_its_profile_and_compute_limit
         assert profile["steps"] == 10 and profile["wall_ms"] > 0 and profile["cpu_ms"] > 0, profile
         assert profile["gpu_busy_ms"] is None and profile["kernel_launches"] is None, profile  # no GPU
         assert profile["reads_back"] >= 0, profile
+    compiled = [run for run in check["throughput"] if run["loop"].endswith("--torch_compile")]
+    assert [run["loop"] for run in compiled] == ["native --torch_compile", "trainer --torch_compile"], check
+    assert all(run["compiled_graphs"] >= 1 and run["samples_per_s"] > 0 for run in compiled), compiled
     limit = check["compute_limit"]
     assert limit["timed_steps"] > 0 and limit["samples_per_s"] > 0, limit
     assert "| compute limit (bare eager loop) |" in result.stdout
