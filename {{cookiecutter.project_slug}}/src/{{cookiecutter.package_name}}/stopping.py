@@ -56,7 +56,7 @@ def fork_loader_workers_immune_to_sigterm() -> None:
 
 
 class StopRequest:
-    """SIGTERM asks the run to stop at the next step that every rank reaches, and to save it there.
+    """SIGTERM asks the run to stop at a step that every rank reaches, and to save it there.
 
     SLURM sends it to every process of the job step on preemption, requeue or cancel, Kubernetes to
     torchrun before it evicts a pod; torchrun (torchrun.py) passes it on to its workers. The ranks can

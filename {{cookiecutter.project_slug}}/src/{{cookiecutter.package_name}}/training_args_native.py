@@ -70,8 +70,8 @@ class TrainingArguments(ParallelArguments):
     fp16: bool = flag(False, "Same as --mixed_precision fp16.")
     bf16: bool = flag(False, "Same as --mixed_precision bf16.")
     tf32: bool | None = flag(None, "TF32 matmuls on Ampere+ GPUs.")
-    torch_compile: bool = flag(False, "torch.compile the model; pads batches to multiples of 64.")
-    torch_compile_mode: str | None = flag(None, "torch.compile's mode; None: its default.",
+    torch_compile: bool = flag(False, "torch.compile; pads batches to 64s.")
+    torch_compile_mode: str | None = flag(None, "None: torch.compile's default.",
                                           ["default", "reduce-overhead", "max-autotune"])
     ddp_backend: str | None = flag(None, "None: nccl on GPU, gloo on CPU.", ["nccl", "gloo"])
     ddp_timeout: int = flag(1800, "Seconds before a stuck collective fails.")
