@@ -41,7 +41,7 @@ smoke: $(BIN)/.installed
 # one at a time (each runs its SLURM tests, and one SLURM cluster at a time fits on this host).
 test: lint
 	$(BIN)/python -m pytest -n 2 --dist loadscope tests -m "not rendered_suite"
-	$(BIN)/python -m pytest tests -m rendered_suite
+	$(BIN)/python -m pytest --durations=25 tests -m rendered_suite
 
 test-fast: $(BIN)/.installed
 	$(BIN)/python -m pytest -n 2 --dist loadscope tests -m "not rendered_suite"

@@ -268,6 +268,7 @@ def train(job: Job) -> dict[str, float]:
     skipped = torch.zeros((), dtype=torch.int64, device=job.device)  # by the GradScaler, since the last log
     bar = tqdm(total=plan.total_steps, initial=job.step, desc="train", dynamic_ncols=True,  # no bars in files
                disable=not job.env.is_main_process or args.disable_tqdm or not sys.stderr.isatty())
+    saving = False  # whether the step saves a checkpoint: then the run's totals are the checkpoint's
     while job.step < plan.total_steps and not job.stopped:
         # A new shuffle each epoch, the same on every rank. A resumed epoch starts just after the
         # examples already trained on (every earlier step of the epoch was full).
@@ -333,7 +334,7 @@ def train(job: Job) -> dict[str, float]:
                 job.totals = add_run_totals(earlier, *meter.trained())
                 job.checkpointer.save(job.step)
     bar.close()
-    totals = add_run_totals(earlier, *meter.trained())
+    totals = job.totals if saving else add_run_totals(earlier, *meter.trained())  # as a resume would count it
     return whole_run_metrics(job.history, totals, job.step) | {"epoch": job.step / plan.steps_per_epoch}
 
 
