@@ -58,14 +58,26 @@ def test_an_evaluation_alone_updates_the_eval_figures_and_keeps_the_train_figure
     assert (output_dir / "training_curves.png").read_bytes() == finished["files"]["training_curves.png"]
 
 
+def saved_runtime(checkpoint: Path) -> float:
+    """The train_runtime a checkpoint holds: what a run resumed from it adds its own time to."""
+    if (checkpoint / "run_totals.json").is_file():  # the Trainer's
+        return json.loads((checkpoint / "run_totals.json").read_text())["train_runtime"]
+    import torch
+    return torch.load(checkpoint / "training_state.pt", weights_only=True)["run_totals"]["train_runtime"]
+
+
 def test_a_resumed_run_reports_the_whole_run(smoke_assets: Path, tmp_path: Path) -> None:
     flags = smoke_flags(smoke_assets, tmp_path)
     train([*flags, "--num_train_epochs", "1"])
-    first = read_metrics(tmp_path)
+    first, first_saved = read_metrics(tmp_path), saved_runtime(tmp_path / f"checkpoint-{STEPS_PER_EPOCH}")
     resumed = train([*flags, "--num_train_epochs", "2"])
     assert "resum" in resumed.stdout
     whole = read_metrics(tmp_path)
     assert (first["train_steps"], whole["train_steps"]) == (STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH)
+    # Each leg's last step saved: it reports what its checkpoint holds, so a resume counts no second twice.
+    assert first["train_runtime"] == pytest.approx(first_saved, abs=1e-4)
+    assert whole["train_runtime"] == pytest.approx(saved_runtime(tmp_path / f"checkpoint-{2 * STEPS_PER_EPOCH}"),
+                                                   abs=1e-4)
     assert whole["train_runtime"] > first["train_runtime"]  # both legs, not the second alone
     assert whole["train_samples_per_second"] == pytest.approx(2 * 256 / whole["train_runtime"], rel=0.01)
     # The mean loss of both legs: each logged loss weighed by the steps since the log before.

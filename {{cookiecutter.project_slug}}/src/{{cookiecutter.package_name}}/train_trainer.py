@@ -141,6 +141,7 @@ class RecordRun(TrainerCallback):
 
     def __init__(self, earlier: dict | None = None) -> None:
         self.earlier, self.start_time, self.first_step = earlier, time.perf_counter(), 0
+        self.saved: tuple[int, dict] | None = None  # the step and totals of the last checkpoint
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start_time, self.first_step = time.perf_counter(), state.global_step
@@ -150,11 +151,12 @@ class RecordRun(TrainerCallback):
         return add_run_totals(self.earlier, time.perf_counter() - self.start_time, samples * args.world_size)
 
     def on_save(self, args, state, control, **kwargs):
+        self.saved = state.global_step, self.totals(args, state)
         if state.is_world_process_zero:
             checkpoint = Path(args.output_dir, f"checkpoint-{state.global_step}")
             split = batch_split(args.world_size, args.per_device_train_batch_size, args.gradient_accumulation_steps)
             (checkpoint / BATCH_PLAN).write_text(json.dumps(split) + "\n")
-            (checkpoint / RUN_TOTALS).write_text(json.dumps(self.totals(args, state)) + "\n")
+            (checkpoint / RUN_TOTALS).write_text(json.dumps(self.saved[1]) + "\n")
 
 
 class ComputeMetrics:
@@ -343,7 +345,9 @@ def train_and_evaluate(trainer: Trainer, args: TrainingArguments, test_file: str
             logger.info(finished_message(args.output_dir, trainer.state.global_step))
             return {}
         state = trainer.state
-        metrics.update(whole_run_metrics(state.log_history, record.totals(args, state), state.global_step))
+        last_saved = record.saved and record.saved[0] == state.global_step
+        totals = record.saved[1] if last_saved else record.totals(args, state)  # as a resume would count it
+        metrics.update(whole_run_metrics(state.log_history, totals, state.global_step))
         metrics.update(parameter_counts(trainer.model))
         metrics["epoch"] = state.epoch
         trainer.save_model()
