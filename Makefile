@@ -37,11 +37,12 @@ smoke: $(BIN)/.installed
 	cat $(SMOKE_DIR)/text-classifier/outputs/smoke/metrics.json
 
 # The template's own tests on 2 pytest-xdist workers (each module, or test class, on one: a class of
-# tests/template/test_fault_matrix.py shares one render's runs), then each generated project's own suite,
-# one at a time (each runs its SLURM tests, and one SLURM cluster at a time fits on this host).
+# tests/template/test_fault_matrix.py shares one render's runs), then the renders' own suites on 2 workers:
+# the two suite renders one after the other on one of them (each starts a SLURM cluster, and one at a time
+# fits on this host; tests/conftest.py groups them), the rest on whichever worker is free.
 test: lint
 	$(BIN)/python -m pytest -n 2 --dist loadscope tests -m "not rendered_suite"
-	$(BIN)/python -m pytest --durations=25 tests -m rendered_suite
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=25 tests -m rendered_suite
 
 test-fast: $(BIN)/.installed
 	$(BIN)/python -m pytest -n 2 --dist loadscope tests -m "not rendered_suite"

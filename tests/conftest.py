@@ -130,3 +130,23 @@ def pytest_configure(config: pytest.Config) -> None:
         "launches: runs a render's launch scripts with real torchrun (minutes); each test class holds one"
         " render's runs, for pytest-xdist's --dist loadscope",
     )
+
+
+SUITE_RENDERS = "test_rendered_repo_passes_its_own_test_suite_and_the_template_proofs"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadgroup`: the suite renders (each starts a SLURM cluster, and one at a time fits on this
+    host) one after the other on one worker, every other test on whichever worker is free. The group is
+    named here because pytest-xdist 3.8's `xdist_group` mark groups nothing under pytest 9 (it renames items
+    through `Item._nodeid`, which pytest 9 no longer reads); tests/template/test_ci.py holds the grouping."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SuiteRendersTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "suite renders" if f"::{SUITE_RENDERS}[" in nodeid else nodeid
+
+    return SuiteRendersTogether(config, log)
