@@ -26,12 +26,14 @@ Run it through bench/gpu_check.sh, which finds or installs what it needs (see it
    --mixed_precision fp16 and from the bfloat16 one with --mixed_precision bf16. A run passes when
    it exits 0 with a finite train loss and saves float32 weights (the loops train fp32 weights and
    leave precision to autocast).
-4. With 2 or more GPUs: each loop 20 steps with one process per GPU (NPROC_PER_NODE=auto, nccl), then
-   each again with --fsdp true (see several_processes).
+4. With 2 or more GPUs: each loop 20 steps with one process per GPU (NPROC_PER_NODE=auto, nccl).
+5. Each loop again with --torch_compile true (step 2), if the budget leaves time for it.
+6. Each loop with --fsdp true on every GPU, even one (one process then holds every shard), through a
+   checkpoint and a resume from it (see sharded), if the budget leaves time for it.
 
 --cpu runs the same logic at tiny sizes on the CPU (gloo, fp32; fp16 is CUDA-only, so the float16
-checkpoint trains with --mixed_precision no there), to check the script where there is no GPU; step 4
-then runs 2 processes on gloo, and --fsdp in the native loop only (the Trainer refuses it on CPU).
+checkpoint trains with --mixed_precision no there), to check the script where there is no GPU; steps 4
+and 6 then run 2 processes on gloo, and --fsdp in the native loop only (the Trainer refuses it on CPU).
 Every failure prints a line starting with `error:`; the exit status is 1 if any run failed.
 """
 
@@ -53,7 +55,6 @@ from workload import imdb_like_rows, render, save_model, smoke_module, write_jso
 
 BENCH = Path(__file__).resolve().parent
 LOOPS = ("native", "trainer")
-FSDP_LOOPS = ("native", "trainer")  # the loops whose --fsdp run on 2 or more GPUs is checked
 # What each loop's --fsdp run leaves in checkpoint-20 last: the native loop's shards, written through
 # torch.distributed.checkpoint; the Trainer's state, after its weights and optimizer gathered whole.
 FSDP_CHECKPOINT_FILE = {"native": "model_and_optimizer/.metadata", "trainer": "trainer_state.json"}
@@ -64,6 +65,8 @@ TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "in
 MFU_TARGETS = {"native": 0.40, "trainer": 0.35}
 # Both loops' --torch_compile runs, compiling included, with a margin: 85 s with --cpu on 2 cores; guessed on cuda.
 COMPILED_RUNS_SECONDS = {"cuda": 240, "cpu": 200}
+# Both loops' --fsdp runs and their resumes (native only with --cpu, about 25 s on 2 cores); guessed on cuda.
+SHARDED_RUNS_SECONDS = {"cuda": 150, "cpu": 60}
 PROFILE_STEPS = 10  # optimizer steps profiled after the warm-up
 SIZES = {  # examples, per-device batch, warm-up steps left out of the timing
     "cuda": {"model": BERT_BASE, "train": 24576, "eval": 256, "batch": 64, "warmup": 20, "half_train": 512,
@@ -237,34 +240,69 @@ def profiled(loop: str, project: Path, data: Path, workdir: Path, sizes: dict) -
 
 
 def several_processes(loop: str, project: Path, data: Path, workdir: Path, sizes: dict, gpus: str,
-                      fsdp: bool = False) -> dict:
-    """The launch as users start it on a node of several GPUs: NPROC_PER_NODE=auto, one process per GPU, nccl.
-    With --cpu (gpus empty): 2 processes on gloo, which checks this function's logic only.
+                      flags: tuple[str, ...] = (), name: str = "several") -> tuple[dict, subprocess.CompletedProcess]:
+    """The launch as users start it on a node of several GPUs: NPROC_PER_NODE=auto, one process per GPU, nccl,
+    20 steps. With --cpu (gpus empty): 2 processes on gloo, which checks this function's logic only.
 
     One process on one GPU cannot show what only several processes on one node do (the preflight
-    parsing on a node of many GPUs, each rank pinning its own, NCCL between them). With fsdp, the same
-    run with --fsdp true and a checkpoint at step 10 and 20: it passes when the loop also logs its
-    sharding over every rank and leaves checkpoint-20 and the gathered final model.
+    parsing on a node of many GPUs, each rank pinning its own, NCCL between them).
     """
-    run_dir = workdir / f"several-{loop}{'-fsdp' if fsdp else ''}"
+    run_dir = workdir / f"{name}-{loop}"
     flags = ["--model_name_or_path", str(data / "model-float32"), "--train_file", str(data / "train.jsonl"),
              "--validation_file", str(data / "validation.jsonl"), "--max_steps", "20",
              "--per_device_train_batch_size", str(sizes["batch"]), "--per_device_eval_batch_size", str(sizes["batch"]),
-             "--mixed_precision", "auto", "--eval_strategy", "no", "--save_strategy", "no"]
-    if fsdp:
-        flags += ["--fsdp", "true", "--save_strategy", "steps", "--save_steps", "10"]
+             "--mixed_precision", "auto", "--eval_strategy", "no", "--save_strategy", "no", *flags]
     count = len(gpus.split(",")) if gpus else 2
     result, wall = train(project, run_dir, flags, warmup=0, NPROC_PER_NODE="auto" if gpus else str(count),
                          CUDA_VISIBLE_DEVICES=gpus)
     where = "device cuda:0, backend nccl" if gpus else "device cpu, backend gloo"
     passed = result.returncode == 0 and f"world size {count}, {where}" in result.stdout
-    if fsdp and passed:
-        output = run_dir / "output"
-        passed = (f"sharded over {count} ranks" in result.stdout and (output / "model.safetensors").is_file()
-                  and (output / "checkpoint-20" / FSDP_CHECKPOINT_FILE[loop]).is_file())
     detail = f"{count} processes, exit {result.returncode}" + ("" if passed else f": {last_error(result)}")
-    return {"loop": f"{loop} --fsdp" if fsdp else loop, "gpus": count if gpus else 0, "wall_s": round(wall, 1),
-            "passed": passed, "detail": detail}
+    return {"loop": loop, "gpus": count if gpus else 0, "wall_s": round(wall, 1), "passed": passed,
+            "detail": detail}, result
+
+
+def sharded(loop: str, project: Path, data: Path, workdir: Path, sizes: dict, gpus: str) -> dict:
+    """--fsdp true on every GPU here (one process holds every shard on a one-GPU machine), 20 steps with a
+    checkpoint at 10 and 20, then from a copy of checkpoint-10 alone the same command again. It passes when
+    the first run logs its sharding over every rank and leaves checkpoint-20 and the gathered final model,
+    and the second resumes at step 10 and ends at step 20; the largest difference between the two final
+    models' weights is reported (0 where the resume is exact, as on the CPU)."""
+    flags = ("--fsdp", "true", "--save_strategy", "steps", "--save_steps", "10")
+    first, result = several_processes(loop, project, data, workdir, sizes, gpus, flags, name="fsdp")
+    run_dir, count = workdir / f"fsdp-{loop}", first["gpus"] or 2
+    output = run_dir / "output"
+    passed = first["passed"] and (f"sharded over {count} ranks" in result.stdout and (
+        output / "model.safetensors").is_file() and (output / "checkpoint-20" / FSDP_CHECKPOINT_FILE[loop]).is_file())
+    outcome = {**first, "loop": f"{loop} --fsdp", "passed": passed}
+    if not passed:
+        return outcome if not first["passed"] else {**outcome, "detail": f"{first['detail']}: {last_error(result)}"}
+    resumed_dir = workdir / f"fsdp-resumed-{loop}"
+    shutil.copytree(output / "checkpoint-10", resumed_dir / "output" / "checkpoint-10")
+    again, result = several_processes(loop, project, data, workdir, sizes, gpus, flags, name="fsdp-resumed")
+    metrics_file = resumed_dir / "output" / "metrics.json"
+    steps = json.loads(metrics_file.read_text()).get("train_steps") if metrics_file.is_file() else None
+    # Each loop's log line: "resumed from DIR at step 10" (native), "resuming from checkpoint DIR" (Trainer).
+    resumed = re.search(r"resum\w* from (checkpoint )?\S*checkpoint-10\b", result.stdout + result.stderr)
+    difference = weight_difference(output, resumed_dir / "output") if steps == 20 else None
+    passed = again["passed"] and resumed is not None and steps == 20 and difference is not None
+    logged = "logged" if resumed else "not logged"
+    detail = (f"{first['detail']}; resumed from checkpoint-10 to step 20, weights within {difference:.3g} of the "
+              "run not stopped" if passed else
+              f"the resume from checkpoint-10 ({logged}) ended at step {steps}: {again['detail']}")
+    return {**outcome, "wall_s": round(first["wall_s"] + again["wall_s"], 1), "passed": passed, "detail": detail,
+            "resume_weight_difference": difference}
+
+
+def weight_difference(first: Path, second: Path) -> float | None:
+    """The largest absolute difference between two save_pretrained folders' weights; None if they differ in
+    names or shapes."""
+    from safetensors.torch import load_file
+
+    one, two = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
+    if one.keys() != two.keys() or any(one[name].shape != two[name].shape for name in one):
+        return None
+    return max((one[name].float() - two[name].float()).abs().max().item() for name in one)
 
 
 def half_precision(loop: str, project: Path, data: Path, workdir: Path, sizes: dict, dtype: str, precision: str):
@@ -391,26 +429,36 @@ def main() -> int:
                 print(f"{loop} {dtype} {precision}: {'pass' if half['passed'] else 'FAIL'}", file=sys.stderr,
                       flush=True)
         severals = []
+
+        def check(several: dict) -> None:
+            severals.append(several)
+            where = f"{several['gpus']} GPU(s)" if several["gpus"] else "2 CPU processes"
+            if not several["passed"]:
+                fail(f"{several['loop']} on {where}: {several['detail']}")
+            print(f"{several['loop']} on {where}: {'pass' if several['passed'] else 'FAIL'}", file=sys.stderr,
+                  flush=True)
+
         if "," in every_gpu or device == "cpu":  # 2 or more GPUs; --cpu: 2 processes, for the logic
-            # The Trainer's --fsdp is refused on CPU (accelerate would train plain DDP): GPUs only.
-            for loop, fsdp in [(loop, False) for loop in LOOPS] + [(loop, True) for loop in FSDP_LOOPS
-                                                                  if device == "cuda" or loop == "native"]:
-                several = several_processes(loop, projects[loop], data, workdir, sizes, every_gpu, fsdp=fsdp)
-                severals.append(several)
-                where = f"{several['gpus']} GPUs" if several["gpus"] else "2 CPU processes"
-                if not several["passed"]:
-                    fail(f"{several['loop']} on {where}: {several['detail']}")
-                print(f"{several['loop']} on {where}: {'pass' if several['passed'] else 'FAIL'}", file=sys.stderr,
-                      flush=True)
+            for loop in LOOPS:
+                check(several_processes(loop, projects[loop], data, workdir, sizes, every_gpu)[0])
         else:
             print("one GPU here: the run with one process per GPU needs 2 or more", file=sys.stderr, flush=True)
-        # Last: compiling takes longest, and the checks above come first. gpu_check.sh says what is left of its budget.
-        left = float(os.environ.get("GPU_CHECK_SECONDS_LEFT", "inf")) - (time.perf_counter() - started)
-        if left > COMPILED_RUNS_SECONDS[device]:
-            measure(compiled=True)
-        else:
-            fail(f"only {left:.0f} s of the budget left: the --torch_compile runs need about "
-                 f"{COMPILED_RUNS_SECONDS[device]} s (raise GPU_CHECK_BUDGET_SECONDS)")
+
+        def seconds_left() -> float:  # gpu_check.sh says what is left of its budget
+            return float(os.environ.get("GPU_CHECK_SECONDS_LEFT", "inf")) - (time.perf_counter() - started)
+
+        # Then the compiled runs (the MFU targets), then FSDP through a resume, each if the budget allows.
+        for seconds, what, run in (
+                (COMPILED_RUNS_SECONDS[device], "the --torch_compile runs", lambda: measure(compiled=True)),
+                # The Trainer's --fsdp is refused on CPU (accelerate would train plain DDP): GPUs only.
+                (SHARDED_RUNS_SECONDS[device], "the --fsdp runs", lambda: [
+                    check(sharded(loop, projects[loop], data, workdir, sizes, every_gpu))
+                    for loop in LOOPS if device == "cuda" or loop == "native"])):
+            if seconds_left() > seconds:
+                run()
+            else:
+                fail(f"only {seconds_left():.0f} s of the budget left: {what} need about {seconds} s (raise "
+                     "GPU_CHECK_BUDGET_SECONDS)")
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -30,12 +30,16 @@ most 9.5 minutes:
      --mixed_precision fp16 and from the bfloat16 one with --mixed_precision bf16,
      and reports pass or fail per run;
   4. on a machine with 2 or more GPUs, trains each loop 20 steps as users launch
-     it there (NPROC_PER_NODE=auto: one process per GPU, nccl), then each loop
-     again with --fsdp true (FSDP2, bf16; it must log its sharding over every
-     GPU and leave checkpoint-20 and the gathered final model), and reports
+     it there (NPROC_PER_NODE=auto: one process per GPU, nccl), and reports
      pass or fail;
   5. trains each loop again as in 2, with --torch_compile true (targets: MFU
-     native >= 40%, Trainer >= 35%), if the budget leaves time for it.
+     native >= 40%, Trainer >= 35%), if the budget leaves time for it;
+  6. trains each loop 20 steps with --fsdp true on every GPU, even one (FSDP2,
+     bf16; it must log its sharding over every GPU and leave checkpoint-20 and
+     the gathered final model), then again from a copy of its checkpoint-10
+     alone (it must resume there and end at step 20), reports pass or fail and
+     how far the resumed run's weights are from the first's, if the budget
+     leaves time for it.
 Prints markdown tables and writes JSON (default: bench/results/gpu_check.json).
 Exits 1, after an "error:" line, when anything failed.
 
@@ -48,8 +52,8 @@ Options:
   --cpu              tiny sizes on the CPU (gloo, fp32; the float16 checkpoint
                      trains with --mixed_precision no, fp16 being CUDA-only):
                      checks this script's logic on a machine without a GPU
-                     (step 4 on 2 CPU processes; --fsdp in the native loop
-                     only, as the Trainer refuses it on CPU)
+                     (steps 4 and 6 on 2 CPU processes; --fsdp in the native
+                     loop only, as the Trainer refuses it on CPU)
   --rendered DIR     use projects rendered earlier with --render-only, so this
                      machine needs no cookiecutter
   --render-only DIR  render both loops into DIR and stop

@@ -41,3 +41,8 @@ def test_gpu_check_runs_end_to_end_on_the_cpu_with_its_profile_and_compute_limit
     assert "Where a step's time goes" in result.stdout
     rows = [row for row in result.stdout.splitlines() if row.startswith(("| native | ", "| trainer | "))]
     assert len(rows) >= 4, result.stdout  # each loop's throughput and profile rows, at least
+    # The --fsdp run through a checkpoint and a resume (native only: the Trainer refuses --fsdp on CPU).
+    assert [run["loop"] for run in check["several_processes"]] == ["native", "trainer", "native --fsdp"], check
+    sharded = check["several_processes"][-1]
+    assert sharded["passed"] and "resumed from checkpoint-10 to step 20" in sharded["detail"], sharded
+    assert sharded["resume_weight_difference"] == 0.0, sharded  # on the CPU the resume is exact
