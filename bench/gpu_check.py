@@ -56,8 +56,10 @@ from workload import imdb_like_rows, render, save_model, smoke_module, write_jso
 BENCH = Path(__file__).resolve().parent
 LOOPS = ("native", "trainer")
 # What each loop's --fsdp run leaves in checkpoint-20 last: the native loop's shards, written through
-# torch.distributed.checkpoint; the Trainer's state, after its weights and optimizer gathered whole.
+# torch.distributed.checkpoint; the Trainer's state, after its weights and optimizer gathered whole. On one
+# process the native loop shards nothing: it says so, and its checkpoints are as without --fsdp.
 FSDP_CHECKPOINT_FILE = {"native": "model_and_optimizer/.metadata", "trainer": "trainer_state.json"}
+NATIVE_ALONE = ("--fsdp on one process: nothing to shard", "training_state.pt")
 PROJECT = "text-classifier"  # the default answers' project folder
 BERT_BASE = {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
              "intermediate_size": 3072}
@@ -255,7 +257,8 @@ def several_processes(loop: str, project: Path, data: Path, workdir: Path, sizes
     count = len(gpus.split(",")) if gpus else 2
     result, wall = train(project, run_dir, flags, warmup=0, NPROC_PER_NODE="auto" if gpus else str(count),
                          CUDA_VISIBLE_DEVICES=gpus)
-    where = "device cuda:0, backend nccl" if gpus else "device cpu, backend gloo"
+    # Rank 0 logs the line, on cuda:0; a process alone joins no process group (backend None).
+    where = f"device cuda:0, backend {'nccl' if count > 1 else None}" if gpus else "device cpu, backend gloo"
     passed = result.returncode == 0 and f"world size {count}, {where}" in result.stdout
     detail = f"{count} processes, exit {result.returncode}" + ("" if passed else f": {last_error(result)}")
     return {"loop": loop, "gpus": count if gpus else 0, "wall_s": round(wall, 1), "passed": passed,
@@ -263,20 +266,25 @@ def several_processes(loop: str, project: Path, data: Path, workdir: Path, sizes
 
 
 def sharded(loop: str, project: Path, data: Path, workdir: Path, sizes: dict, gpus: str) -> dict:
-    """--fsdp true on every GPU here (one process holds every shard on a one-GPU machine), 20 steps with a
-    checkpoint at 10 and 20, then from a copy of checkpoint-10 alone the same command again. It passes when
-    the first run logs its sharding over every rank and leaves checkpoint-20 and the gathered final model,
-    and the second resumes at step 10 and ends at step 20; the largest difference between the two final
-    models' weights is reported (0 where the resume is exact, as on the CPU)."""
+    """--fsdp true on every GPU here, 20 steps with a checkpoint at 10 and 20, then from a copy of checkpoint-10
+    alone the same command again. It passes when the first run logs its sharding over every rank (on one GPU,
+    the Trainer's over the one; the native loop says that it shards nothing) and leaves checkpoint-20 and the
+    gathered final model, and the second resumes at step 10 and ends at step 20; the largest difference
+    between the two final models' weights is reported (0 where the resume is exact, as on the CPU)."""
     flags = ("--fsdp", "true", "--save_strategy", "steps", "--save_steps", "10")
     first, result = several_processes(loop, project, data, workdir, sizes, gpus, flags, name="fsdp")
-    run_dir, count = workdir / f"fsdp-{loop}", first["gpus"] or 2
-    output = run_dir / "output"
-    passed = first["passed"] and (f"sharded over {count} ranks" in result.stdout and (
-        output / "model.safetensors").is_file() and (output / "checkpoint-20" / FSDP_CHECKPOINT_FILE[loop]).is_file())
-    outcome = {**first, "loop": f"{loop} --fsdp", "passed": passed}
-    if not passed:
-        return outcome if not first["passed"] else {**outcome, "detail": f"{first['detail']}: {last_error(result)}"}
+    count, output = first["gpus"] or 2, workdir / f"fsdp-{loop}" / "output"
+    line, last_file = (NATIVE_ALONE if loop == "native" and count == 1 else
+                       (f"sharded over {count} ranks", FSDP_CHECKPOINT_FILE[loop]))
+    expected = {f"a log line '{line}'": line in result.stdout,
+                "model.safetensors": (output / "model.safetensors").is_file(),
+                f"checkpoint-20/{last_file}": (output / "checkpoint-20" / last_file).is_file()}
+    missing = [what for what, found in expected.items() if not found]
+    outcome = {**first, "loop": f"{loop} --fsdp", "passed": first["passed"] and not missing}
+    if first["passed"] and missing:
+        outcome["detail"] += f", but no {', '.join(missing)}"
+    if not outcome["passed"]:
+        return outcome
     resumed_dir = workdir / f"fsdp-resumed-{loop}"
     shutil.copytree(output / "checkpoint-10", resumed_dir / "output" / "checkpoint-10")
     again, result = several_processes(loop, project, data, workdir, sizes, gpus, flags, name="fsdp-resumed")
