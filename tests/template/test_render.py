@@ -1007,18 +1007,30 @@ def test_every_function_and_class_the_package_defines_is_used_by_the_project(ren
 
 
 # What a render hands its user, in lines: its tests and test helpers, and its shell scripts (the
-# proofs stay in the template: tests/proofs/, tests/support/). src/ and its lines over 110 characters are held at the
-# counts they have come down to (README.md, "What you get"), for the default render of each loop and the
-# fullest (every yes/no answer on, a tracker): lower them as the code shrinks.
+# proofs stay in the template: tests/proofs/, tests/support/). src/ has a budget (README.md, "What you
+# get"): the default render of each loop, and the fullest (every yes/no answer on, a tracker), within the
+# default renders' sizes from when every render had every feature. The launcher (torchrun.py, worker.py)
+# is counted apart, held at its size: what it does cannot be had in fewer lines (the README says what).
+# src/ as a whole and its lines over 110 characters are held at the counts they have come down to:
+# lower them as the code shrinks.
 SHELL_CAP, TESTS_CAP = 450, {"default": 2748, "fullest": 3000}
+SRC_BUDGET = {"default": {"native": 2900, "trainer": 2600}, "fullest": {"native": 3854, "trainer": 3341}}
+LAUNCHER, LAUNCHER_CAP = ("torchrun.py", "worker.py"), 282
 SRC_CAP = {"default": {"native": 3153, "trainer": 2780}, "fullest": {"native": 3921, "trainer": 3476}}
 LONG_LINES_CAP = {"native": 48, "trainer": 56}
+# Not by packing: src/'s characters per non-blank line stay at most what they were before the budget (62).
+CHARACTERS_PER_LINE_CAP = 62.0
 
 
 def line_counts(paths: list[Path]) -> tuple[int, int]:
     """Lines in all of paths, and how many of them are over 110 characters."""
     lines = [line for path in paths for line in path.read_text(encoding="utf-8").splitlines()]
     return len(lines), sum(len(line) > 110 for line in lines)
+
+
+def characters_per_line(paths: list[Path]) -> float:
+    lines = [line for path in paths for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return sum(map(len, lines)) / len(lines)
 
 
 # Each loop's render with the default answers, and with every feature (every yes/no answer, a tracker).
@@ -1034,13 +1046,21 @@ LEAN_RUNS = {
 def test_render_stays_lean(rendered, name):
     combo = LEAN_RUNS[name]
     project = rendered(combo)
-    src, long_lines = line_counts(sorted((project / "src").rglob("*.py")))
+    sources = sorted((project / "src").rglob("*.py"))
+    src, long_lines = line_counts(sources)
+    launcher, _ = line_counts([path for path in sources if path.name in LAUNCHER])
     tests, _ = line_counts(sorted((project / "tests").rglob("*.py")))
     shell, _ = line_counts(sorted((project / "scripts").glob("*.sh")) + sorted((project / "scripts").glob("*.sbatch")))
     kind, loop = name.split("-")
     cap = SRC_CAP[kind][loop]
     assert src <= cap and long_lines <= LONG_LINES_CAP[loop], (
         f"src/: {src} lines (cap {cap}), {long_lines} over 110 characters (cap {LONG_LINES_CAP[loop]})")
+    assert src - launcher <= SRC_BUDGET[kind][loop], (
+        f"src/ besides the launcher: {src - launcher} lines, budget {SRC_BUDGET[kind][loop]}")
+    assert launcher <= LAUNCHER_CAP, f"the launcher ({', '.join(LAUNCHER)}): {launcher} lines, cap {LAUNCHER_CAP}"
+    density = characters_per_line(sources)
+    assert density <= CHARACTERS_PER_LINE_CAP, (
+        f"src/: {density:.2f} characters per non-blank line, cap {CHARACTERS_PER_LINE_CAP}")
     assert tests <= TESTS_CAP[kind], f"tests/: {tests} lines, cap {TESTS_CAP[kind]}"
     assert shell <= SHELL_CAP, f"scripts/: {shell} lines of shell, cap {SHELL_CAP}"
 
